@@ -1,0 +1,59 @@
+# deepmetric: two commands on a fresh machine.
+#   make demo   set up, build the glyphs data set, train the default model, print Recall@K vs the untrained backbone
+#   make test   set up with the dev dependencies and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+# torch/torchvision as this project's machines install them from local files (keep pyproject's ranges in step)
+TORCH := torch==2.14.1 torchvision==0.29.1
+# Debian packages: the glyphs fonts (about 150 fonts covering the 175 characters) and Fashion-MNIST
+FONT_PACKAGES := fonts-dejavu-core fonts-dejavu-extra fonts-liberation fonts-liberation2 fonts-freefont-ttf \
+	fonts-urw-base35 fonts-noto-core fonts-crosextra-carlito fonts-crosextra-caladea fonts-cantarell \
+	fonts-open-sans fonts-lato
+DATA_PACKAGES := dataset-fashion-mnist
+DEMO_RUN ?= runs/demo
+
+.PHONY: demo test install install-dev system-packages lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+# Installs the Debian packages when this is a Debian machine and we may (root); otherwise says what is missing.
+system-packages:
+	@missing=$$(for p in $(FONT_PACKAGES) $(DATA_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian packages: $$missing"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+		|| echo "warning: apt-get failed; glyphs falls back to matplotlib's fonts and the Fashion-MNIST test is skipped"; \
+	else \
+		echo "note: not installing $$missing (needs apt-get as root); glyphs falls back to matplotlib's fonts"; \
+	fi
+
+demo: install system-packages
+	rm -rf $(DEMO_RUN)
+	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)
+
+test: install-dev system-packages
+	$(BIN)/python -m pytest
+
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

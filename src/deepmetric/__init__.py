@@ -1,0 +1,11 @@
+"""deepmetric: zero-shot image retrieval by deep metric learning.
+
+``create_model(backbone="lite0", head="gap", embedding_dim=512, pretrained=True, **head_options)``
+builds an ``Embedder``; ``deepmetric.evaluation.retrieval_metrics`` computes Recall@K, MAP@R,
+R-precision and NMI; ``deepmetric.data.load_dataset(spec)`` loads a data set table with its splits.
+"""
+
+from .models import Embedder, HeadOutput, create_model
+
+__version__ = "0.1.0"
+__all__ = ["Embedder", "HeadOutput", "__version__", "create_model"]

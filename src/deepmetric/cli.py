@@ -1,0 +1,199 @@
+"""``deepmetric <command>``: parses arguments, builds the config, calls the library. Nothing else.
+
+Errors a user can cause are printed as one line (``error: ...``) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .config import build_config, load_yaml, parse_override
+from .errors import DeepMetricError
+
+log = logging.getLogger("deepmetric")
+
+
+def _merge(target: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    flags: dict[str, Any] = {}
+    pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
+             ("loss", "name", args.loss), ("train", "steps", args.steps)]
+    for section, key, value in pairs:
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+    overrides: dict[str, Any] = {}
+    for text in args.overrides:
+        _merge(overrides, parse_override(text))
+    return [flags, overrides]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training import train
+    from .training.run_dir import RunDir
+    from .workflows import evaluate_run, results_table
+
+    layers = _train_layers(args)
+    if args.resume:
+        if not args.out:
+            raise DeepMetricError("--resume needs --out RUN_DIR")
+        saved = RunDir(args.out).config().to_dict()
+        config = build_config(saved, *layers)
+    else:
+        base = load_yaml(args.config) if args.config else {}
+        config = build_config(base, *layers)
+    out = Path(args.out) if args.out else Path("runs") / (
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
+        f"-{config.model.head}")
+    result = train(config, out, resume=args.resume, progress=not args.quiet)
+    print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
+    if result.best_step is not None:
+        print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+    if not args.no_test:
+        record = evaluate_run(out, progress=not args.quiet)
+        print(results_table(out, record))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .workflows import evaluate_run, results_table
+
+    record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
+    print(json.dumps(record["metrics"]) if args.json else results_table(args.run_dir, record))
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from .workflows import embed_images
+
+    out, paths, n = embed_images(args.run_dir, args.images, args.out, which=args.checkpoint,
+                                 batch_size=args.batch_size, progress=not args.quiet)
+    print(f"wrote {n} embeddings to {out} (image paths in {paths})")
+    return 0
+
+
+def _load_array(path: str, what: str) -> np.ndarray:
+    file = Path(path)
+    if not file.is_file():
+        raise DeepMetricError(f"{what} file {file} does not exist")
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as error:
+        raise DeepMetricError(f"{what} file {file} is not a plain .npy array (pickled arrays are refused): "
+                              f"{error}") from None
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise DeepMetricError(f"--recall-at must be comma-separated integers, got '{text}'") from None
+    if not ranks or min(ranks) < 1:
+        raise DeepMetricError(f"--recall-at must hold positive ranks, got '{text}'")
+    return ranks
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from .evaluation import retrieval_metrics
+    from .evaluation.table import format_table
+
+    query = _load_array(args.embeddings, "embeddings")
+    labels = _load_array(args.labels, "labels")
+    gallery = gallery_labels = None
+    if args.gallery:
+        gallery = _load_array(args.gallery[0], "gallery embeddings")
+        gallery_labels = _load_array(args.gallery[1], "gallery labels")
+    metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
+                                nmi=not args.no_nmi)
+    print(json.dumps(metrics) if args.json else format_table({"embeddings": metrics}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deepmetric", description="Zero-shot image retrieval by deep metric "
+                                     "learning: train, evaluate, embed.")
+    parser.add_argument("--version", action="version", version=f"deepmetric {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model; evaluates it on the test split at the end",
+                       description="Train a model. Settings come from the defaults, then --config, then the "
+                       "flags, then key=value overrides (e.g. train.lr=1e-4 data.image_size=64).")
+    p.add_argument("--data", help="data set spec: glyphs, fashion-mnist, digits, folder:PATH, csv:PATH, "
+                   "cub:PATH, cars:PATH, sop:PATH, inshop:PATH")
+    p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, resnet50, timm:<name>")
+    p.add_argument("--head", help="gap (default)")
+    p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")
+    p.add_argument("--steps", type=int, help="number of training steps")
+    p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
+    p.add_argument("--config", help="YAML file of settings (see configs/)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--no-test", action="store_true", help="skip the test evaluation at the end")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="evaluate a run on its test split; writes RUN_DIR/metrics.json")
+    p.add_argument("run_dir")
+    p.add_argument("--data", help="evaluate on another data set spec instead of the run's")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
+                   help="auto: best if the run had a validation split, else last")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
+    p.add_argument("run_dir")
+    p.add_argument("--images", required=True, help="an image file or a folder of images")
+    p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")
+    p.add_argument("embeddings", help="(N, D) .npy of query embeddings")
+    p.add_argument("labels", help="(N,) .npy of integer labels")
+    p.add_argument("--gallery", nargs=2, metavar=("EMB.npy", "LABELS.npy"),
+                   help="rank queries against this gallery instead of against each other")
+    p.add_argument("--recall-at", default="1,2,4,8", help="ranks K of Recall@K (default 1,2,4,8)")
+    p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
+    p.set_defaults(func=cmd_metrics)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may sit anywhere among the flags of `train`
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or args.command != "train"]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except DeepMetricError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

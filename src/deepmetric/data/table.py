@@ -1,0 +1,128 @@
+"""``RetrievalDataset``: one table of images with label, split and query/gallery flags.
+
+Every loader returns one of these. Images are either file paths (decoded on access) or rows of an
+in-memory ``uint8`` array of shape (N, H, W) or (N, H, W, 3). Splits are ``train``, ``val`` and
+``test``; ``is_query`` / ``is_gallery`` say which test rows are queries and which are searched (the
+In-Shop protocol); for the other benchmarks every test row is both, and a query's own row is removed
+from its ranking by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+from .images import read_image
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class RetrievalDataset:
+    """A table of N images: ``images`` (paths or array), ``labels``, ``splits``, ``is_query``, ``is_gallery``."""
+
+    name: str
+    images: list[str] | np.ndarray
+    labels: np.ndarray
+    splits: np.ndarray
+    is_query: np.ndarray
+    is_gallery: np.ndarray
+    recall_at: tuple[int, ...] = (1, 2, 4, 8)
+    class_names: dict[int, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.images)
+        self.labels = np.asarray(self.labels, dtype=np.int64)
+        self.splits = np.asarray(self.splits, dtype=object)
+        self.is_query = np.asarray(self.is_query, dtype=bool)
+        self.is_gallery = np.asarray(self.is_gallery, dtype=bool)
+        for column in ("labels", "splits", "is_query", "is_gallery"):
+            if len(getattr(self, column)) != n:
+                raise DataError(f"{self.name}: column '{column}' has {len(getattr(self, column))} rows, "
+                                f"expected {n} (one per image)")
+        unknown = sorted(set(self.splits.tolist()) - set(SPLITS))
+        if unknown:
+            raise DataError(f"{self.name}: unknown split value(s) {unknown}; expected one of {list(SPLITS)}")
+        if isinstance(self.images, np.ndarray):
+            if self.images.dtype != np.uint8 or self.images.ndim not in (3, 4):
+                raise DataError(f"{self.name}: in-memory images must be uint8 (N,H,W) or (N,H,W,3), "
+                                f"got {self.images.dtype} {self.images.shape}")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.images, np.ndarray)
+
+    def image(self, index: int) -> np.ndarray:
+        """The image of row ``index`` as a uint8 (H, W, 3) RGB array."""
+        if self.in_memory:
+            array = self.images[index]
+            return np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
+        return read_image(self.images[index])
+
+    def describe(self, index: int) -> str:
+        """A human name for row ``index`` (its path, or its position in memory)."""
+        return str(self.images[index]) if not self.in_memory else f"{self.name}[{index}]"
+
+    def subset(self, rows: np.ndarray) -> RetrievalDataset:
+        """A new table holding only ``rows`` (indices or a boolean mask), in that order."""
+        rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
+        images = self.images[rows] if self.in_memory else [self.images[i] for i in rows]
+        return RetrievalDataset(
+            name=self.name, images=images, labels=self.labels[rows], splits=self.splits[rows],
+            is_query=self.is_query[rows], is_gallery=self.is_gallery[rows], recall_at=self.recall_at,
+            class_names=self.class_names, meta=dict(self.meta),
+        )
+
+    def split(self, name: str) -> RetrievalDataset:
+        if name not in SPLITS:
+            raise DataError(f"unknown split '{name}'; expected one of {list(SPLITS)}")
+        return self.subset(self.splits == name)
+
+    def count(self, name: str) -> int:
+        return int((self.splits == name).sum())
+
+    def classes(self, name: str | None = None) -> np.ndarray:
+        labels = self.labels if name is None else self.labels[self.splits == name]
+        return np.unique(labels)
+
+    def summary(self) -> str:
+        parts = []
+        for name in SPLITS:
+            n = self.count(name)
+            if n:
+                parts.append(f"{name} {n:,} images / {len(self.classes(name)):,} classes")
+        return f"{self.name}: " + ", ".join(parts)
+
+
+def check_paths_exist(name: str, paths: list[str], root: Path) -> None:
+    """Fail with the missing files named (up to ten) when any listed image is absent."""
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        shown = "\n  ".join(missing[:10])
+        more = f"\n  ... and {len(missing) - 10:,} more" if len(missing) > 10 else ""
+        raise DataError(f"{name}: {len(missing):,} image(s) listed under {root} do not exist:\n  {shown}{more}")
+
+
+def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:
+    """Compare split sizes with the published ones; ``enabled=False`` records the mismatch instead."""
+    found = {
+        "train": table.count("train") + table.count("val"),
+        "test": table.count("test"),
+        "query": int((table.is_query & (table.splits == "test")).sum()),
+        "gallery": int((table.is_gallery & (table.splits == "test")).sum()),
+    }
+    wrong = {k: (v, found[k]) for k, v in expected.items() if found[k] != v}
+    table.meta["published_counts"] = expected
+    table.meta["counts_match"] = not wrong
+    if wrong and enabled:
+        detail = ", ".join(f"{k}: expected {e:,}, found {f:,}" for k, (e, f) in wrong.items())
+        raise DataError(f"{name}: split sizes differ from the published ones ({detail}); results would not "
+                        "be comparable with the papers. Pass data.check_counts=false to use it anyway.")

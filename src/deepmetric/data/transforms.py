@@ -1,0 +1,84 @@
+"""The papers' augmentation and test-time resizing, driven by an explicit per-sample seed.
+
+Training (thesis §4.4.6; the HORDE code's ``MultiResolution`` / ``RandomCrop`` / ``HorizontalFlip``):
+the longer side is resized to ``U[lo, hi] x size`` keeping the aspect ratio, a ``size x size`` crop is
+taken at random (a side shorter than ``size`` is first centred on a black canvas), then a horizontal
+flip with probability 1/2. Test: resize to ``size x size`` (the thesis), or resize to
+``ceil(1.144 size)`` and centre-crop ``size`` (the authors' code).
+
+Every random draw comes from the seed passed with the sample, so a batch is a pure function of the run
+seed and the step: resumed runs and data-loader workers see exactly the same pixels.
+Outputs are float tensors (3, size, size) in [0, 1]; the backbone's normalisation lives in the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+
+def to_tensor(image: np.ndarray) -> torch.Tensor:
+    """(H, W) or (H, W, 3) uint8 -> (3, H, W) uint8 tensor (grayscale repeated to 3 channels)."""
+    array = np.ascontiguousarray(image)
+    if array.ndim == 2:
+        array = np.repeat(array[:, :, None], 3, axis=2)
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _resize_longer(image: torch.Tensor, longer: int) -> torch.Tensor:
+    height, width = image.shape[-2:]
+    scale = longer / max(height, width)
+    size = [max(1, round(height * scale)), max(1, round(width * scale))]
+    return F.resize(image, size, antialias=True)
+
+
+def _pad_to(image: torch.Tensor, size: int) -> torch.Tensor:
+    """Centre ``image`` on a black canvas at least ``size`` on each side."""
+    channels, height, width = image.shape
+    if height >= size and width >= size:
+        return image
+    canvas = torch.zeros(channels, max(height, size), max(width, size), dtype=image.dtype)
+    top, left = (canvas.shape[1] - height) // 2, (canvas.shape[2] - width) // 2
+    canvas[:, top:top + height, left:left + width] = image
+    return canvas
+
+
+class TrainTransform:
+    """Multi-resolution resize, random crop and optional flip (see the module docstring)."""
+
+    def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True):
+        self.size = size
+        self.resize_range = resize_range
+        self.flip = flip
+
+    def __call__(self, image: np.ndarray, seed: int) -> torch.Tensor:
+        rng = np.random.default_rng(seed)
+        lo, hi = self.resize_range
+        longer = max(1, round(rng.uniform(lo, hi) * self.size))
+        tensor = _pad_to(_resize_longer(to_tensor(image), longer), self.size)
+        top = int(rng.integers(0, tensor.shape[1] - self.size + 1))
+        left = int(rng.integers(0, tensor.shape[2] - self.size + 1))
+        tensor = tensor[:, top:top + self.size, left:left + self.size]
+        if self.flip and rng.random() < 0.5:
+            tensor = tensor.flip(-1)
+        return tensor.float().div_(255.0)
+
+
+class TestTransform:
+    """Deterministic resize to ``size x size`` (``resize``) or resize + centre crop (``resize_crop``)."""
+
+    def __init__(self, size: int, mode: str = "resize"):
+        self.size = size
+        self.mode = mode
+
+    def __call__(self, image: np.ndarray, seed: int = 0) -> torch.Tensor:
+        tensor = to_tensor(image)
+        if self.mode == "resize":
+            tensor = F.resize(tensor, [self.size, self.size], antialias=True)
+        else:
+            big = math.ceil(self.size * 1.144)
+            tensor = F.center_crop(F.resize(tensor, [big, big], antialias=True), [self.size, self.size])
+        return tensor.float().div_(255.0)

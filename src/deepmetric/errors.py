@@ -1,0 +1,32 @@
+"""Errors a user can cause, each carrying one clear message.
+
+The CLI prints ``str(error)`` for these and exits with status 2, without a traceback. Anything else
+that escapes is a bug in deepmetric and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class DeepMetricError(Exception):
+    """Base class of every error caused by user input (paths, layouts, configs, images)."""
+
+
+class ConfigError(DeepMetricError):
+    """A bad configuration key or value."""
+
+
+class DataError(DeepMetricError):
+    """A data set whose layout, table or images are not what the loader expects."""
+
+
+class CheckpointError(DeepMetricError):
+    """A missing, foreign or unsafe checkpoint file."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,61 @@
+"""Embed a data set split with a model and compute its retrieval metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..data.table import RetrievalDataset
+from ..data.torch_dataset import ImageDataset, inference_loader
+from ..data.transforms import TestTransform
+from .metrics import compute_metrics
+
+
+@torch.no_grad()
+def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int, test_resize: str = "resize",
+                batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
+                progress: bool = True, desc: str = "embedding") -> np.ndarray:
+    """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order."""
+    dataset = ImageDataset(table, TestTransform(image_size, test_resize))
+    loader = inference_loader(dataset, batch_size, num_workers)
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        for images, _, _ in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
+            chunks.append(model(images.to(device)).embedding.float().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks).numpy() if chunks else np.zeros((0, 0), dtype=np.float32)
+
+
+def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Sequence[int],
+                  nmi: bool = True) -> dict[str, float]:
+    """Metrics of one split's embeddings under its query/gallery flags.
+
+    Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
+    removed from its own ranking by index.
+    """
+    rows = np.arange(len(table))
+    query_rows, gallery_rows = rows[table.is_query], rows[table.is_gallery]
+    position_in_gallery = np.full(len(table), -1)
+    position_in_gallery[gallery_rows] = np.arange(len(gallery_rows))
+    self_index = torch.as_tensor(position_in_gallery[query_rows])
+    x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
+    labels = torch.as_tensor(table.labels)
+    return compute_metrics(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
+                           self_index if (self_index >= 0).any() else None, recall_at, nmi)
+
+
+def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, image_size: int,
+             recall_at: Sequence[int] | None = None, nmi: bool = True, test_resize: str = "resize",
+             batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
+             progress: bool = True) -> dict[str, float]:
+    """Embed ``split`` of ``table`` and return its metrics (Recall@K at the data set's ranks by default)."""
+    part = table.split(split)
+    embeddings = embed_table(model, part, image_size, test_resize, batch_size, device, num_workers, progress,
+                             desc=f"embedding {split}")
+    return split_metrics(embeddings, part, recall_at or table.recall_at, nmi)

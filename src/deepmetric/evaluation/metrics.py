@@ -1,0 +1,137 @@
+"""Retrieval metrics: Recall@K, MAP@R, R-precision and NMI.
+
+Definitions (each query is ranked against the gallery by cosine similarity, its own row excluded; a
+query whose class has no other gallery item is left out of every metric, as pytorch-metric-learning
+does, and reported):
+
+- **Recall@K** (the DML sense, thesis §2.6.2): the fraction of queries with at least one item of their
+  class among their K nearest neighbours.
+- **R-precision**: with R the number of gallery items of the query's class, the fraction of the top R
+  that are of that class.
+- **MAP@R** (Musgrave et al. 2020): ``(1/R) sum_{i=1..R} P(i) rel(i)``, the average precision cut at R,
+  where P(i) is the precision of the top i and rel(i) says whether item i is of the query's class.
+- **NMI**: k-means of the query embeddings with as many clusters as query classes, compared with the
+  labels by ``2 I(Y; C) / (H(Y) + H(C))`` (scikit-learn, arithmetic normalisation).
+
+Ties between exactly equal similarities are broken by gallery index (see ``knn.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import DeepMetricError
+from .knn import iter_knn
+
+log = logging.getLogger(__name__)
+
+
+def _as_tensor(array: np.ndarray | torch.Tensor, name: str) -> torch.Tensor:
+    tensor = torch.as_tensor(array)
+    if tensor.ndim != 2:
+        raise DeepMetricError(f"{name} must be a 2-D array (n, D), got shape {tuple(tensor.shape)}")
+    tensor = tensor.float()
+    if not torch.isfinite(tensor).all():
+        raise DeepMetricError(f"{name} contains NaN or infinite values")
+    return F.normalize(tensor, dim=1)
+
+
+def _as_labels(array: np.ndarray | torch.Tensor, n: int, name: str) -> torch.Tensor:
+    labels = torch.as_tensor(np.asarray(array)).reshape(-1)
+    if labels.dtype.is_floating_point:
+        if not torch.equal(labels, labels.round()):
+            raise DeepMetricError(f"{name} must be integer class labels")
+    labels = labels.long()
+    if len(labels) != n:
+        raise DeepMetricError(f"{name} has {len(labels)} entries for {n} embeddings")
+    return labels
+
+
+def relevant_counts(query_labels: torch.Tensor, gallery_labels: torch.Tensor,
+                    self_index: torch.Tensor | None) -> torch.Tensor:
+    """R of each query: gallery items of its class, not counting its own row."""
+    classes, counts = torch.unique(gallery_labels, return_counts=True)
+    position = torch.searchsorted(classes, query_labels).clamp_max(len(classes) - 1)
+    r = torch.where(classes[position] == query_labels, counts[position], torch.zeros_like(position))
+    if self_index is not None:
+        r = r - (self_index >= 0).long()
+    return r
+
+
+def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0) -> float:
+    """NMI between the labels and a k-means clustering with as many clusters as classes."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import normalized_mutual_info_score
+
+    x = np.asarray(embeddings, dtype=np.float32)
+    y = np.asarray(labels)
+    n_clusters = len(np.unique(y))
+    if n_clusters < 2 or n_clusters >= len(y):
+        return float("nan")
+    clusters = KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
+    return float(normalized_mutual_info_score(y, clusters))
+
+
+def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                    gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
+                    nmi: bool = True, memory_mb: float = 256.0) -> dict[str, float]:
+    """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring)."""
+    recall_at = sorted({int(k) for k in recall_at})
+    r = relevant_counts(query_labels, gallery_labels, self_index)
+    valid = r > 0
+    if not valid.any():
+        raise DeepMetricError("no query has another item of its class in the gallery; nothing to retrieve")
+    if not valid.all():
+        log.warning("%d of %d queries have no other item of their class in the gallery and are left out",
+                    int((~valid).sum()), len(valid))
+    searchable = gallery.shape[0] - (1 if self_index is not None and (self_index >= 0).any() else 0)
+    k = min(searchable, max(max(recall_at), int(r.max())))
+    first_hit = torch.empty(len(r), dtype=torch.long)
+    average_precision = torch.empty(len(r))
+    r_precision = torch.empty(len(r))
+    ranks = torch.arange(1, k + 1, dtype=torch.float32)
+    for start, _, indices in iter_knn(query, gallery, k, self_index, memory_mb):
+        stop = start + len(indices)
+        relevant = gallery_labels[indices] == query_labels[start:stop, None]  # (b, k)
+        first_hit[start:stop] = torch.where(relevant.any(dim=1), relevant.float().argmax(dim=1), k)
+        r_block = r[start:stop].clamp_min(1)
+        within_r = ranks[None, :] <= r_block[:, None]
+        hits = (relevant & within_r).float()
+        precision_at_i = hits.cumsum(dim=1) / ranks[None, :]
+        average_precision[start:stop] = (precision_at_i * hits).sum(dim=1) / r_block
+        r_precision[start:stop] = hits.sum(dim=1) / r_block
+    results = {f"recall@{kk}": float((first_hit[valid] < kk).float().mean()) for kk in recall_at}
+    results["map@r"] = float(average_precision[valid].mean())
+    results["r_precision"] = float(r_precision[valid].mean())
+    if nmi:
+        results["nmi"] = nmi_score(query.numpy(), query_labels.numpy())
+    return results
+
+
+def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray | torch.Tensor,
+                      gallery: np.ndarray | torch.Tensor | None = None,
+                      gallery_labels: np.ndarray | torch.Tensor | None = None,
+                      recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True) -> dict[str, float]:
+    """Recall@K, MAP@R, R-precision and NMI (keys ``recall@K``, ``map@r``, ``r_precision``, ``nmi``).
+
+    Without a gallery every query is ranked against all the others (its own row removed by index);
+    with one, queries are ranked against the gallery only (the In-Shop protocol).
+    """
+    q = _as_tensor(query, "query embeddings")
+    ql = _as_labels(query_labels, q.shape[0], "query labels")
+    if gallery is None:
+        if gallery_labels is not None:
+            raise DeepMetricError("gallery labels given without gallery embeddings")
+        return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi)
+    if gallery_labels is None:
+        raise DeepMetricError("gallery embeddings given without gallery labels")
+    g = _as_tensor(gallery, "gallery embeddings")
+    gl = _as_labels(gallery_labels, g.shape[0], "gallery labels")
+    if g.shape[1] != q.shape[1]:
+        raise DeepMetricError(f"query embeddings have {q.shape[1]} dimensions, gallery embeddings {g.shape[1]}")
+    return compute_metrics(q, ql, g, gl, None, recall_at, nmi)

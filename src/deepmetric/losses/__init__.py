@@ -1,0 +1,55 @@
+"""Metric losses on cosine similarities of l2-normalised embeddings, over all pairs/triplets of a batch.
+
+| name | loss | defaults |
+|---|---|---|
+| ``contrastive`` | thesis eq. 2.12 | margin 0.5 |
+| ``triplet`` | thesis eq. 2.14 | margin 0.1 |
+| ``binomial`` | binomial deviance, eq. 2.18 | alpha 2, beta 0.5, negative_weight 25 |
+| ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
+| ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from ..errors import ConfigError, did_you_mean
+from .binomial import BinomialDevianceLoss
+from .contrastive import ContrastiveLoss
+from .margin import MarginLoss
+from .multi_similarity import MultiSimilarityLoss
+from .objective import Objective
+from .triplet import TripletLoss
+
+LOSSES: dict[str, type[nn.Module]] = {
+    "contrastive": ContrastiveLoss,
+    "triplet": TripletLoss,
+    "binomial": BinomialDevianceLoss,
+    "multi-similarity": MultiSimilarityLoss,
+    "margin": MarginLoss,
+}
+
+__all__ = ["LOSSES", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss", "Objective",
+           "TripletLoss", "build_loss"]
+
+
+def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
+    """Build metric loss ``name``; ``num_classes`` reaches the losses that keep per-class parameters."""
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss '{name}'{did_you_mean(name, LOSSES)}; expected one of {', '.join(LOSSES)}")
+    cls = LOSSES[name]
+    options = dict(options or {})
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_classes")]
+    for key in options:
+        if key not in accepted:
+            raise ConfigError(f"loss '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options are: "
+                              f"{', '.join(accepted)}")
+    if "num_classes" in inspect.signature(cls.__init__).parameters:
+        options["num_classes"] = num_classes
+    try:
+        return cls(**options)
+    except TypeError as error:
+        raise ConfigError(f"loss '{name}': {error}") from None

@@ -1,0 +1,37 @@
+"""Binomial deviance (Yi et al. 2014; Ustinova & Lempitsky 2016; thesis eq. 2.18 and §4.4.6).
+
+Positive pairs: ``log(1 + exp(-alpha (s - beta)))``; negative pairs: ``log(1 + exp(alpha C (s - beta)))``
+with alpha = 2, beta = 0.5, C = 25. Eq. 2.18 omits C; the thesis' text gives "negative weight C = 25"
+and the author's code puts C inside the exponent, as Ustinova & Lempitsky define the cost, which is
+the default here (``cost="exponent"``); ``cost="weight"`` multiplies the negative term by C instead.
+Reduction: for each anchor, the mean over its positives plus the mean over its negatives, averaged
+over anchors (the code sums over anchors: the same loss times the batch size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from .pairs import masked_mean, similarity_and_masks
+
+
+class BinomialDevianceLoss(nn.Module):
+    def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_weight: float = 25.0,
+                 cost: str = "exponent"):
+        super().__init__()
+        if cost not in ("exponent", "weight"):
+            raise ConfigError(f"binomial loss: cost must be 'exponent' or 'weight', got '{cost}'")
+        self.alpha, self.beta, self.negative_weight, self.cost = alpha, beta, negative_weight, cost
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels)
+        positive = F.softplus(-self.alpha * (sims - self.beta))
+        if self.cost == "exponent":
+            negative = F.softplus(self.alpha * self.negative_weight * (sims - self.beta))
+        else:
+            negative = self.negative_weight * F.softplus(self.alpha * (sims - self.beta))
+        per_anchor = masked_mean(positive, pos, dim=1) + masked_mean(negative, neg, dim=1)
+        return per_anchor.mean()

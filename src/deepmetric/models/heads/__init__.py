@@ -1,0 +1,32 @@
+"""Head registry: ``HEADS[name]`` is a ``Head`` subclass, built with ``Head.from_backbone``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ConfigError, did_you_mean
+from ..backbones import Backbone
+from .base import Head, HeadOutput
+from .gap import GAPHead
+
+__all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
+
+HEADS: dict[str, type[Head]] = {"gap": GAPHead}
+
+
+def head_class(name: str) -> type[Head]:
+    if name not in HEADS:
+        raise ConfigError(f"unknown head '{name}'{did_you_mean(name, HEADS)}; expected one of {', '.join(HEADS)}")
+    return HEADS[name]
+
+
+def build_head(name: str, backbone: Backbone, embedding_dim: int, options: dict[str, Any] | None = None) -> Head:
+    """Build head ``name`` on ``backbone``; an unknown option is named with the head's valid ones."""
+    cls = head_class(name)
+    options = dict(options or {})
+    accepted = cls.option_names()
+    for key in options:
+        if key not in accepted:
+            raise ConfigError(f"head '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options "
+                              f"are: {', '.join(accepted) or 'none'}")
+    return cls.from_backbone(backbone, embedding_dim, **options)

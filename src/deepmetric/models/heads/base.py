@@ -1,0 +1,63 @@
+"""The head contract: ``Head.forward(F) -> HeadOutput``; the trainer never asks which head it has."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from ..backbones import Backbone
+
+# Constructor arguments a head gets from the backbone and the model config rather than from options.
+PROVIDED_ARGUMENTS = ("self", "tail", "in_channels", "embedding_dim")
+
+
+@dataclass
+class HeadOutput:
+    """What every head returns.
+
+    ``embedding`` (B, D): the l2-normalised vector used for retrieval. ``parts``: per-learner
+    l2-normalised embeddings (a one-element list for single-learner heads), for per-learner losses.
+    ``attention`` (B, N, h, w) or None: maps for visualisation. ``extras``: tensors a regulariser
+    needs, e.g. ``feature_map`` (the local features the head pooled).
+    """
+
+    embedding: torch.Tensor
+    parts: list[torch.Tensor]
+    attention: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Head(nn.Module):
+    """Base class. Subclasses list in ``pretrained_modules`` the names of their sub-modules that hold
+    pretrained weights (a backbone tail or a copy of it), which train at the backbone's learning rate."""
+
+    pretrained_modules: tuple[str, ...] = ()
+
+    @classmethod
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
+        """Build the head on top of ``backbone`` (the default passes its tail and the tail's channels)."""
+        return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim, **options)
+
+    @classmethod
+    def default_split(cls, backbone_name: str) -> str | None:
+        """Where this head wants the backbone cut when the config does not say (None: after the last stage)."""
+        return None
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in PROVIDED_ARGUMENTS]
+
+    def pretrained_parameters(self) -> list[nn.Parameter]:
+        return [p for name in self.pretrained_modules for p in getattr(self, name).parameters()]
+
+    def new_parameters(self) -> list[nn.Parameter]:
+        pretrained = {id(p) for p in self.pretrained_parameters()}
+        return [p for p in self.parameters() if id(p) not in pretrained]
+
+    def forward(self, features: torch.Tensor) -> HeadOutput:  # pragma: no cover - abstract
+        raise NotImplementedError

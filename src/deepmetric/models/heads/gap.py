@@ -1,0 +1,31 @@
+"""The baseline of every paper: global average pooling -> linear embedding -> l2.
+
+``z = W^T GAP(psi(F)) / ||W^T GAP(psi(F))||`` (thesis §1: aggregate, project, normalise). The linear
+layer has no bias, as in the authors' code (ABE: ``Dense(512, use_bias=False)``) and as the ABE Table 1
+parameter count (1024 x 512 on top of GoogLeNet) requires. ``embedding_dim=0`` skips the projection:
+the l2-normalised pooled backbone features, i.e. the off-the-shelf baseline of an untrained model.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Head, HeadOutput
+
+
+class GAPHead(Head):
+    pretrained_modules = ("tail",)
+
+    def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512):
+        super().__init__()
+        self.tail = tail
+        self.embedding_dim = embedding_dim or in_channels
+        self.embed = nn.Linear(in_channels, embedding_dim, bias=False) if embedding_dim else nn.Identity()
+
+    def forward(self, features: torch.Tensor) -> HeadOutput:
+        feature_map = self.tail(features)  # (B, C, h, w)
+        pooled = feature_map.mean(dim=(2, 3))  # (B, C)
+        embedding = F.normalize(self.embed(pooled), dim=1)
+        return HeadOutput(embedding=embedding, parts=[embedding], extras={"feature_map": feature_map})

@@ -1,0 +1,5 @@
+"""Training: the loop, the optimiser groups and the checkpoint format."""
+
+from .trainer import TrainingError, TrainResult, build_model, load_table, train
+
+__all__ = ["TrainResult", "TrainingError", "build_model", "load_table", "train"]

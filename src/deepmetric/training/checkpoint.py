@@ -1,0 +1,119 @@
+"""Checkpoints: one safetensors file of tensors with the JSON state in its header, written atomically.
+
+A checkpoint holds ``model.*`` tensors, and for ``last`` also ``optim.*`` (Adam's moments) and
+``rng.*`` (torch's generator states); everything else (step, optimiser hyper-parameters, the model's
+architecture spec, best score) is JSON in the safetensors metadata. Nothing is pickled, so loading a
+checkpoint never executes code. Files are written to a temporary file in the same folder, fsynced and
+renamed over the old one, so a crash at any moment leaves either the old or the new checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..errors import CheckpointError
+
+FORMAT = "deepmetric-checkpoint-1"
+PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is always either its old or its new content."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    """Save ``tensors`` (copied to contiguous CPU memory) with ``state`` as JSON metadata."""
+    plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    header = {"format": FORMAT, "state": json.dumps(state)}
+    atomic_write_bytes(Path(path), save_safetensors(plain, metadata=header))
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a checkpoint written by ``save_checkpoint``; refuses pickles and foreign files by name."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    if data[:1] == PICKLE_MAGIC[0] or data[:4] == PICKLE_MAGIC[1]:
+        raise CheckpointError(f"refusing to load {path}: it is a pickled torch file, and unpickling can execute "
+                              "arbitrary code. deepmetric checkpoints are safetensors files.")
+    try:
+        tensors = load_safetensors(data)
+        header_length = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8:8 + header_length]).get("__metadata__", {}) or {}
+    except (SafetensorError, ValueError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is a safetensors file but not a deepmetric checkpoint "
+                              f"(format {metadata.get('format')!r})")
+    return tensors, json.loads(metadata["state"])
+
+
+def prefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.{k}": v for k, v in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    start = len(prefix) + 1
+    return {k[start:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors (``{param}.{key}``) and JSON (groups, scalars)."""
+    state_dict = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in state_dict["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{key}"] = value
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                        meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})

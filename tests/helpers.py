@@ -1,0 +1,45 @@
+"""Helpers shared by the tests: small deterministic tables and a tiny-trunk config."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deepmetric.config import build_config
+from deepmetric.data.table import RetrievalDataset
+
+
+def make_table(n_classes: int = 8, per_class: int = 6, size: int = 24, seed: int = 0,
+               test_from: int | None = None) -> RetrievalDataset:
+    """In-memory images where each class is a coloured blob at its own position (learnable, not trivial)."""
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for c in range(n_classes):
+        cy, cx = (c * 5) % (size - 8) + 4, (c * 7) % (size - 8) + 4
+        colour = rng.integers(60, 255, size=3)
+        for _ in range(per_class):
+            image = rng.integers(0, 40, size=(size, size, 3)).astype(np.uint8)
+            y, x = cy + rng.integers(-2, 3), cx + rng.integers(-2, 3)
+            image[max(0, y - 3):y + 3, max(0, x - 3):x + 3] = colour
+            images.append(image)
+            labels.append(c)
+    labels_array = np.array(labels)
+    test_from = n_classes // 2 if test_from is None else test_from
+    splits = np.where(labels_array < test_from, "train", "test").astype(object)
+    ones = np.ones(len(labels), dtype=bool)
+    return RetrievalDataset(name="blobs", images=np.stack(images), labels=labels_array, splits=splits,
+                            is_query=ones, is_gallery=ones, recall_at=(1, 2, 4))
+
+
+def tiny_config(**sections):
+    """A run config on the tiny test backbone: CPU, small images, few steps."""
+    base = {
+        "data": {"spec": "digits", "image_size": 16, "classes_per_batch": 3, "samples_per_class": 4,
+                 "resize_range": [1.0, 1.2]},
+        "model": {"backbone": "tiny", "pretrained": False, "embedding_dim": 16},
+        "train": {"steps": 6, "lr": 1e-3, "lr_backbone": 1e-3, "eval_every": 3, "checkpoint_every": 3,
+                  "log_every": 1, "device": "cpu"},
+        "eval": {"batch_size": 64, "nmi": False},
+    }
+    for section, values in sections.items():
+        base.setdefault(section, {}).update(values)
+    return build_config(base)

@@ -1,0 +1,87 @@
+"""The command line, end to end on the tiny trunk: train -> evaluate -> embed -> metrics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from deepmetric.cli import main
+from deepmetric.evaluation import retrieval_metrics
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+TINY = ["--data", "digits", "--backbone", "tiny", "--steps", "4", "--quiet", "model.pretrained=false",
+        "model.embedding_dim=16", "data.image_size=16", "data.classes_per_batch=3", "data.samples_per_class=4",
+        "eval.nmi=false", "train.lr=1e-3"]
+
+
+def test_train_evaluate_embed_and_metrics(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    code, out, _ = run(capsys, "train", *TINY, "--out", str(out_dir), "eval.baseline=true")
+    assert code == 0
+    assert "untrained backbone" in out and "trained (last, step 4)" in out and "R@1" in out
+    record = json.loads((out_dir / "metrics.json").read_text())
+    assert record["split"] == "test" and record["test_classes"] == 5 and set(record["metrics"]) >= {"recall@1"}
+    assert yaml.safe_load((out_dir / "config.yaml").read_text())["train"]["steps"] == 4
+
+    code, out, _ = run(capsys, "evaluate", str(out_dir), "--json", "--quiet")
+    assert code == 0 and json.loads(out) == record["metrics"]
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        Image.new("L", (8, 8), 40 * i).save(images / f"{i}.png")
+    code, out, _ = run(capsys, "embed", str(out_dir), "--images", str(images), "--out", str(tmp_path / "e.npy"),
+                       "--quiet")
+    assert code == 0
+    embeddings = np.load(tmp_path / "e.npy")
+    assert embeddings.shape == (3, 16) and np.allclose(np.linalg.norm(embeddings, axis=1), 1, atol=1e-5)
+    assert (tmp_path / "e.paths.txt").read_text().splitlines() == [str(images / f"{i}.png") for i in range(3)]
+
+
+def test_resume_extends_a_run(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "--no-test")[0] == 0
+    code, out, _ = run(capsys, "train", "--resume", "--out", str(out_dir), "train.steps=6", "--no-test", "--quiet")
+    assert code == 0 and "trained 6 steps" in out
+
+
+def test_metrics_command_matches_the_library(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 8)).astype(np.float32)
+    y = rng.integers(0, 6, size=60)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    code, out, _ = run(capsys, "metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--recall-at", "1,5",
+                       "--json")
+    assert code == 0
+    printed = json.loads(out)
+    assert set(printed) == {"recall@1", "recall@5", "map@r", "r_precision", "nmi"}
+    expected = retrieval_metrics(x, y, recall_at=(1, 5))
+    assert all(printed[k] == pytest.approx(expected[k], abs=1e-9) for k in expected)
+
+    code, out, _ = run(capsys, "metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--gallery",
+                       str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--json", "--no-nmi")
+    assert code == 0 and json.loads(out)["recall@1"] == 1.0  # each query finds itself in a separate gallery
+
+
+def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "y.npy", np.zeros(1))
+    code, _, err = run(capsys, "metrics", str(tmp_path / "obj.npy"), str(tmp_path / "y.npy"))
+    assert code == 2 and err.startswith("error:") and "pickled arrays are refused" in err
+    code, _, err = run(capsys, "train", "--data", "nope", "--out", str(tmp_path / "r"))
+    assert code == 2 and "unknown data set 'nope'" in err and "Traceback" not in err
+    code, _, err = run(capsys, "train", *TINY, "--out", str(tmp_path / "r"), "train.stepz=3")
+    assert code == 2 and "did you mean 'train.steps'" in err
+    code, _, err = run(capsys, "evaluate", str(tmp_path / "missing"))
+    assert code == 2 and "not a run directory" in err

@@ -1,0 +1,91 @@
+"""Config loading and overrides; the checkpoint format."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import yaml
+
+from deepmetric.config import build_config, load_yaml, parse_override
+from deepmetric.errors import CheckpointError, ConfigError
+from deepmetric.training.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+
+
+def test_overrides_are_typed_and_nested():
+    config = build_config(parse_override("train.lr=1e-4"), parse_override("data.resize_range=[1.0, 1.5]"),
+                          parse_override("model.head_options={}"), parse_override("eval.recall_at=1,10,100"))
+    assert config.train.lr == 1e-4 and config.data.resize_range == (1.0, 1.5)
+    assert config.eval.recall_at == [1, 10, 100]
+
+
+def test_unknown_keys_suggest_the_nearest_valid_key(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config key 'train.lrr'.*did you mean 'train.lr'"):
+        build_config(parse_override("train.lrr=1"))
+    with pytest.raises(ConfigError, match="unknown config key 'trian'.*did you mean 'train'"):
+        build_config({"trian": {"steps": 3}})
+    (tmp_path / "c.yaml").write_text("data:\n  image_sise: 64\n")
+    with pytest.raises(ConfigError, match="did you mean 'data.image_size'"):
+        build_config(load_yaml(tmp_path / "c.yaml"))
+
+
+def test_bad_values_name_the_key():
+    with pytest.raises(ConfigError, match="train.steps.*integer"):
+        build_config(parse_override("train.steps=abc"))
+    with pytest.raises(ConfigError, match="data.test_resize"):
+        build_config(parse_override("data.test_resize=stretch"))
+    with pytest.raises(ConfigError, match="classes_per_batch"):
+        build_config(parse_override("data.classes_per_batch=1"))
+
+
+def test_resolved_config_round_trips(tmp_path):
+    from deepmetric.config import config_from_dict, save_config
+
+    config = build_config({"model": {"head_options": {"a": 1}}, "loss": {"name": "triplet"}})
+    save_config(config, tmp_path / "config.yaml")
+    again = config_from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert again == config
+
+
+def test_presets_are_valid_configs():
+    from pathlib import Path
+
+    presets = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+    assert presets
+    for preset in presets:
+        build_config(load_yaml(preset))
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    tensors = {"model.w": torch.arange(6.0).view(2, 3), "rng.torch": torch.get_rng_state()}
+    save_checkpoint(tmp_path / "c.safetensors", tensors, {"step": 7, "nested": {"a": [1, 2]}})
+    loaded, state = load_checkpoint(tmp_path / "c.safetensors")
+    assert state == {"step": 7, "nested": {"a": [1, 2]}}
+    assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "legacy.pt")
+    with pytest.raises(CheckpointError, match="pickled torch file"):
+        load_checkpoint(tmp_path / "legacy.pt")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        load_checkpoint(tmp_path / "junk.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, tmp_path / "foreign.safetensors")
+    with pytest.raises(CheckpointError, match="not a deepmetric checkpoint"):
+        load_checkpoint(tmp_path / "foreign.safetensors")
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "last.safetensors"
+    atomic_write_bytes(target, b"old")
+
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError):
+        atomic_write_bytes(target, b"new content")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]  # no temporary file left behind

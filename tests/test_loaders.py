@@ -1,0 +1,248 @@
+"""Loaders on small replicas of each official layout (same file names and formats), and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from deepmetric.data import GLYPH_CHARS, build_glyphs, load_dataset
+from deepmetric.data.benchmarks import load_cars, load_cub, load_inshop, load_sop
+from deepmetric.data.glyphs import load_glyphs, matplotlib_fonts
+from deepmetric.data.images import read_image
+from deepmetric.errors import DataError
+
+
+def write_image(path, value=128, size=(12, 10), mode="RGB"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, value if mode != "RGB" else (value, value // 2, 255 - value)).save(path)
+
+
+def make_cub(root, classes=(1, 2, 100, 101, 150, 200), per_class=2):
+    base = root / "CUB_200_2011"
+    lines, labels, names = [], [], []
+    image_id = 0
+    for c in classes:
+        names.append(f"{c} {c:03d}.Bird_{c}")
+        for k in range(per_class):
+            image_id += 1
+            rel = f"{c:03d}.Bird_{c}/Bird_{c}_{k:04d}.jpg"
+            write_image(base / "images" / rel, value=c)
+            lines.append(f"{image_id} {rel}")
+            labels.append(f"{image_id} {c}")
+    (base / "images.txt").write_text("\n".join(lines) + "\n")
+    (base / "image_class_labels.txt").write_text("\n".join(labels) + "\n")
+    (base / "classes.txt").write_text("\n".join(names) + "\n")
+    (base / "train_test_split.txt").write_text("\n".join(f"{i} {i % 2}" for i in range(1, image_id + 1)))
+    return base
+
+
+def test_cub_replica_split_by_class(tmp_path):
+    make_cub(tmp_path)
+    for given in (tmp_path, tmp_path / "CUB_200_2011"):  # the data set's folder or its parent
+        table = load_cub(given, check=False)
+        assert table.count("train") == 6 and table.count("test") == 6
+        assert set(table.classes("train")) == {1, 2, 100} and set(table.classes("test")) == {101, 150, 200}
+        assert table.class_names[101] == "101.Bird_101"
+        assert table.recall_at == (1, 2, 4, 8, 16, 32)
+
+
+def test_published_count_check(tmp_path):
+    make_cub(tmp_path)
+    with pytest.raises(DataError, match="expected 5,864, found 6.*check_counts=false"):
+        load_cub(tmp_path, check=True)
+    table = load_dataset(f"cub:{tmp_path}", check_counts=False)
+    assert table.meta["counts_match"] is False
+
+
+def test_cub_wrong_layout_names_the_expected_file(tmp_path):
+    (tmp_path / "images").mkdir()
+    with pytest.raises(DataError, match=f"images.txt at {tmp_path}/images.txt"):
+        load_cub(tmp_path)
+
+
+def test_missing_image_is_named(tmp_path):
+    base = make_cub(tmp_path)
+    victim = next((base / "images").rglob("*.jpg"))
+    victim.unlink()
+    with pytest.raises(DataError, match=f"(?s)1 image.*{victim.name}"):
+        load_cub(tmp_path, check=False)
+
+
+def make_cars(root, classes=(1, 50, 98, 99, 150, 196), per_class=2):
+    from scipy.io import savemat
+
+    fields = ["relative_im_path", "bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2", "class", "test"]
+    records = np.zeros((1, len(classes) * per_class), dtype=[(f, "O") for f in fields])
+    i = 0
+    for c in classes:
+        for _ in range(per_class):
+            rel = f"car_ims/{i + 1:06d}.jpg"
+            write_image(root / rel, value=c)
+            records[0, i] = (rel, 1, 2, 10, 8, c, i % 2)
+            i += 1
+    names = np.array([f"Car model {c}" for c in range(1, 197)], dtype=object)[None, :]
+    savemat(root / "cars_annos.mat", {"annotations": records, "class_names": names})
+
+
+def test_cars_replica_ignores_the_classification_flag(tmp_path):
+    make_cars(tmp_path)
+    table = load_cars(tmp_path, check=False)
+    assert table.count("train") == 6 and table.count("test") == 6
+    assert set(table.classes("test")) == {99, 150, 196}
+    assert table.class_names[99] == "Car model 99"
+
+
+def test_cars_foreign_mat_file_is_explained(tmp_path):
+    from scipy.io import savemat
+
+    savemat(tmp_path / "cars_annos.mat", {"something": np.zeros(3)})
+    (tmp_path / "car_ims").mkdir()
+    with pytest.raises(DataError, match="not the official annotation file"):
+        load_cars(tmp_path)
+
+
+def make_sop(root):
+    base = root / "Stanford_Online_Products"
+    header = "image_id class_id super_class_id path"
+    train = [header, "1 1 1 bicycle_final/111085122871_0.JPG", "2 1 1 bicycle_final/111085122871_1.JPG",
+             "3 2 1 bicycle_final/111265328556_0.JPG", "4 2 1 bicycle_final/111265328556_3.JPG"]
+    test = [header, "5 11319 2 cabinet_final/110983893587_0.JPG", "6 11319 2 cabinet_final/110983893587_1.JPG",
+            "7 11320 2 cabinet_final/111035711435_0.JPG", "8 11320 2 cabinet_final/111035711435_2.JPG",
+            "9 11320 2 cabinet_final/111035711435_4.JPG"]
+    for line in train[1:] + test[1:]:
+        write_image(base / line.split()[3])
+    (base / "Ebay_train.txt").write_text("\n".join(train) + "\n")
+    (base / "Ebay_test.txt").write_text("\n".join(test) + "\n")
+
+
+def test_sop_replica(tmp_path):
+    make_sop(tmp_path)
+    table = load_sop(tmp_path, check=False)
+    assert table.count("train") == 4 and table.count("test") == 5
+    assert table.recall_at == (1, 10, 100, 1000)
+    with pytest.raises(DataError, match="59,551"):
+        load_sop(tmp_path)
+
+
+def make_inshop(root, flattened=False):
+    rows = [("img/WOMEN/Dresses/id_00000002/02_1_front.jpg", "id_00000002", "train"),
+            ("img/WOMEN/Dresses/id_00000002/02_2_side.jpg", "id_00000002", "train"),
+            ("img/MEN/Denim/id_00000080/01_1_front.jpg", "id_00000080", "query"),
+            ("img/MEN/Denim/id_00000080/01_2_side.jpg", "id_00000080", "gallery"),
+            ("img/MEN/Denim/id_00000080/01_3_back.jpg", "id_00000080", "gallery"),
+            ("img/WOMEN/Skirts/id_00000090/01_1_front.jpg", "id_00000090", "query"),
+            ("img/WOMEN/Skirts/id_00000090/01_4_full.jpg", "id_00000090", "gallery")]
+    image_root = root if flattened else root / "Img"
+    for rel, _, _ in rows:
+        write_image(image_root / rel)
+    listing = root / ("list_eval_partition.txt" if flattened else "Eval/list_eval_partition.txt")
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    listing.write_text(f"{len(rows)}\nimage_name item_id evaluation_status\n"
+                       + "".join(f"{r[0]}  {r[1]}  {r[2]}\n" for r in rows))
+
+
+@pytest.mark.parametrize("flattened", [False, True])
+def test_inshop_replica_query_gallery(tmp_path, flattened):
+    make_inshop(tmp_path, flattened)
+    table = load_inshop(tmp_path, check=False)
+    test = table.split("test")
+    assert table.count("train") == 2 and int(test.is_query.sum()) == 2 and int(test.is_gallery.sum()) == 3
+    assert not (test.is_query & test.is_gallery).any()
+    assert table.recall_at == (1, 10, 20, 30, 40, 50)
+
+
+def test_folder_loader_and_errors(tmp_path):
+    for c, name in enumerate(["cat", "dog", "emu", "fox", "gnu"]):
+        for k in range(3):
+            write_image(tmp_path / name / f"{k}.png", value=40 * c)
+    table = load_dataset(f"folder:{tmp_path}")
+    assert table.count("train") == 9 and table.count("test") == 6  # 5 classes: 3 train, 2 test
+    assert table.class_names[0] == "cat"
+    (tmp_path / "hyena").mkdir()
+    with pytest.raises(DataError, match="hyena holds no image"):
+        load_dataset(f"folder:{tmp_path}")
+
+
+def test_csv_loader_and_its_errors(tmp_path):
+    for i in range(4):
+        write_image(tmp_path / "img" / f"{i}.png", value=50 * i)
+    good = "path,label,split,is_query,is_gallery\nimg/0.png,0,train,1,1\nimg/1.png,0,train,1,1\n" \
+           "img/2.png,5,test,1,0\nimg/3.png,5,test,0,1\n"
+    (tmp_path / "t.csv").write_text(good)
+    table = load_dataset(f"csv:{tmp_path / 't.csv'}")
+    assert table.count("test") == 2 and table.is_query.tolist() == [True, True, True, False]
+    cases = {
+        "path,label\nimg/0.png,0\n": "lacks column.*split",
+        "path,label,split\nimg/0.png,cat,train\n": "line 2: label 'cat' is not an integer",
+        "path,label,split\nimg/0.png,0,train\nimg/0.png,1,test\n": "line 3: image 'img/0.png' already listed",
+        "path,label,split\nimg/0.png,0,dev\n": "split 'dev'",
+        "path,label,split\nimg/9.png,0,train\n": "9.png",
+    }
+    for text, message in cases.items():
+        (tmp_path / "bad.csv").write_text(text)
+        with pytest.raises(DataError, match=message):
+            load_dataset(f"csv:{tmp_path / 'bad.csv'}")
+
+
+def test_unknown_spec_and_missing_path():
+    with pytest.raises(DataError, match="did you mean 'cub'"):
+        load_dataset("cubb:/x")
+    with pytest.raises(DataError, match="needs a path"):
+        load_dataset("sop")
+
+
+def test_validation_split_is_class_disjoint_and_seeded():
+    table = load_dataset("digits", val_fraction=0.4, val_seed=3)  # 2 of the 5 training digits
+    val, train = set(table.classes("val")), set(table.classes("train"))
+    assert len(val) == 2 and not val & train and val | train == {0, 1, 2, 3, 4}
+    assert table.meta["val_classes"] == sorted(load_dataset("digits", val_fraction=0.4, val_seed=3).classes("val"))
+    with pytest.raises(DataError, match="both need at least 2"):
+        load_dataset("digits", val_fraction=0.2)
+
+
+def test_digits_and_fashion_mnist_zero_shot_split():
+    digits = load_dataset("digits")
+    assert set(digits.classes("train")) == {0, 1, 2, 3, 4} and set(digits.classes("test")) == {5, 6, 7, 8, 9}
+    try:
+        fashion = load_dataset("fashion-mnist")
+    except DataError:
+        pytest.skip("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)")
+    assert len(fashion) == 70000 and fashion.count("train") == 35000 and fashion.images.shape[1:] == (28, 28)
+
+
+def test_glyphs_build_and_load(tmp_path):
+    fonts = matplotlib_fonts(GLYPH_CHARS)[:3]
+    root = build_glyphs(tmp_path / "glyphs", size=32, fonts=fonts, progress=False)
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta["fonts"] == len(fonts) and meta["images"] == 175 * len(fonts)
+    assert [line.split("\t")[1] for line in (root / "fonts.txt").read_text().splitlines()] == [str(f) for f in fonts]
+    table = load_glyphs(root, seed=0, build=False)
+    assert len(table) == 175 * len(fonts) and table.images.shape[1:] == (32, 32)
+    assert len(table.classes("train")) == 88 and len(table.classes("test")) == 87
+    again, other = load_glyphs(root, seed=0, build=False), load_glyphs(root, seed=1, build=False)
+    assert np.array_equal(again.classes("train"), table.classes("train"))
+    assert not np.array_equal(other.classes("train"), table.classes("train"))
+    # every rendering has ink, and the character's class is its row block
+    assert (table.images.reshape(len(table), -1).min(axis=1) < 128).all()
+    assert table.class_names[0].startswith("A ")
+
+
+def test_unusual_image_formats_are_converted(tmp_path):
+    cases = {"p.png": "P", "la.png": "LA", "rgba.png": "RGBA", "cmyk.jpg": "CMYK", "i16.png": "I;16", "l.jpg": "L"}
+    for name, mode in cases.items():
+        write_image(tmp_path / name, value=100, mode=mode)
+        array = read_image(tmp_path / name)
+        assert array.shape == (10, 12, 3) and array.dtype == np.uint8
+
+
+def test_corrupt_and_fake_images_are_named(tmp_path):
+    write_image(tmp_path / "ok.jpg")
+    (tmp_path / "truncated.jpg").write_bytes((tmp_path / "ok.jpg").read_bytes()[:40])
+    (tmp_path / "text.png").write_text("not an image")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    for name in ("truncated.jpg", "text.png", "empty.jpg", "absent.jpg"):
+        with pytest.raises(DataError, match=name):
+            read_image(tmp_path / name)

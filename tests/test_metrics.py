@@ -1,0 +1,177 @@
+"""Retrieval metrics: hand-computed cases, ties and duplicates, blocked kNN, and pytorch-metric-learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from deepmetric.errors import DeepMetricError
+from deepmetric.evaluation import knn, retrieval_metrics
+from deepmetric.evaluation.knn import topk_stable
+from deepmetric.evaluation.metrics import compute_metrics
+
+
+def angles(*degrees):
+    """Unit vectors in 2-D at the given angles: cosine similarity falls with angular distance."""
+    rad = np.deg2rad(np.array(degrees, dtype=np.float64))
+    return np.stack([np.cos(rad), np.sin(rad)], axis=1)
+
+
+def test_hand_computed_recall_map_r_precision():
+    # Points on a circle; class 0 at 0, 10, 50 degrees, class 1 at 20, 30 degrees.
+    x = angles(0, 10, 50, 20, 30)
+    y = np.array([0, 0, 0, 1, 1])
+    # Rankings (own row removed), nearest first:
+    #   q0 (0):   10(0) 20(1) 30(1) 50(0)   R=2: hits at ranks 1, 4
+    #   q1 (10):  0(0)|20(1) tie at 10 deg -> lower index first: 0(0), 20(1), 30(1), 50(0); hits 1, 4
+    #   q2 (50):  30(1) 20(1) 10(0) 0(0)    hits at 3, 4
+    #   q3 (20):  10 | 30 tie -> 10(0) is index 1, 30(1) is index 4 -> 10(0), 30(1), 0(0), 50(0); R=1 hit at 2
+    #   q4 (30):  20(1), 10|50 ... R=1 hit at 1
+    m = retrieval_metrics(x, y, recall_at=(1, 2, 4), nmi=False)
+    assert m["recall@1"] == pytest.approx(3 / 5)  # q0, q1, q4
+    assert m["recall@2"] == pytest.approx(4 / 5)  # + q3
+    assert m["recall@4"] == pytest.approx(1.0)
+    # MAP@R: q0: (1/2)(1) = .5; q1: .5; q2: 0; q3 (R=1): 0; q4: 1
+    assert m["map@r"] == pytest.approx((0.5 + 0.5 + 0 + 0 + 1) / 5)
+    # R-precision: q0 1/2, q1 1/2, q2 0, q3 0, q4 1
+    assert m["r_precision"] == pytest.approx((0.5 + 0.5 + 0 + 0 + 1) / 5)
+
+
+def test_ties_are_broken_by_gallery_index_whatever_the_block_size():
+    # Query 0 has two gallery items at exactly the same similarity: index 1 (other class) and 2 (same).
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [-1.0, 0.0]])
+    y = torch.tensor([0, 1, 0, 1])
+    m = retrieval_metrics(x, y, recall_at=(1, 2), nmi=False)
+    # q0: items 1 and 2 tie at s=0 -> 1 (wrong) first -> miss at 1, hit at 2.
+    # q1: 0 and 3 tie -> 0 (wrong) then 3 (right). q2: 0 (right) and 3 tie -> 0 first -> hit.
+    # q3: 1 and 2 tie -> 1 (right) -> hit.
+    assert m["recall@1"] == pytest.approx(2 / 4)
+    assert m["recall@2"] == pytest.approx(1.0)
+    for memory in (1e-6, 1.0, 256.0):  # one query per block ... everything in one block
+        _, idx = knn(torch.nn.functional.normalize(x, dim=1), x, 3, torch.arange(4), memory_mb=memory)
+        assert idx[0].tolist() == [1, 2, 3]
+
+
+def test_topk_stable_fixes_ties_at_the_boundary():
+    sims = torch.tensor([[0.5, 0.75, 0.5, 0.5, 0.25, 0.5]])
+    values, indices = topk_stable(sims, 3)
+    assert indices.tolist() == [[1, 0, 2]] and values.tolist() == [[0.75, 0.5, 0.5]]
+
+
+def test_own_row_is_removed_by_index_not_by_position():
+    # Row 1 duplicates row 0 exactly but belongs to another class. Removing "the first neighbour"
+    # could drop row 1 instead of row 0 itself; removal by index keeps row 1 as q0's nearest neighbour.
+    x = angles(0, 0, 90, 100)
+    y = np.array([0, 1, 0, 1])
+    m = retrieval_metrics(x, y, recall_at=(1,), nmi=False)
+    # q0 -> 1 (wrong); q1 -> 0 (wrong); q2 -> 3 (wrong); q3 -> 2 (wrong)
+    assert m["recall@1"] == 0.0
+
+
+def test_duplicates_of_the_same_class_are_found():
+    x = angles(0, 0, 90, 90)
+    y = np.array([0, 0, 1, 1])
+    m = retrieval_metrics(x, y, recall_at=(1,), nmi=False)
+    assert m["recall@1"] == 1.0 and m["map@r"] == 1.0 and m["r_precision"] == 1.0
+
+
+def test_query_gallery_protocol_does_not_remove_anything():
+    query = angles(0, 90)
+    gallery = angles(0, 5, 90, 95)
+    m = retrieval_metrics(query, [0, 1], gallery, [1, 0, 0, 1], recall_at=(1, 2), nmi=False)
+    # q0 (0 deg, class 0): gallery at 0 (class 1), 5 (0), 90 (0), 95 (1): hits at ranks 2, 3.
+    # q1 (90 deg, class 1): 90 (0), 95 (1), 5 (0), 0 (1): hits at ranks 2, 4. Nothing is removed.
+    assert m["recall@1"] == 0.0 and m["recall@2"] == 1.0
+    assert m["map@r"] == pytest.approx(0.25)  # R=2: hits at ranks 2 and 3 -> (1/2)(0 + 1/2) = .25 each
+
+
+def test_queries_without_a_match_are_left_out():
+    x = angles(0, 10, 90)
+    m = retrieval_metrics(x, [0, 0, 1], recall_at=(1,), nmi=False)  # class 1 has one image
+    assert m["recall@1"] == 1.0
+
+
+def test_blocked_knn_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(300, 12, generator=g), dim=1)
+    sims = x @ x.t()
+    sims.fill_diagonal_(float("-inf"))
+    expected = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :10]
+    for memory in (0.01, 0.1, 100.0):
+        _, idx = knn(x, x, 10, torch.arange(300), memory_mb=memory)
+        assert torch.equal(idx, expected)
+
+
+def random_with_ties(n=400, dim=16, classes=25, duplicates=60, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    y = rng.integers(0, classes, size=n)
+    picks = rng.choice(n, duplicates, replace=False)
+    x = np.concatenate([x, x[picks]])  # exact duplicates, same label: ties whose order cannot matter
+    y = np.concatenate([y, y[picks]])
+    return x / np.linalg.norm(x, axis=1, keepdims=True), y
+
+
+def test_agrees_with_pytorch_metric_learning_on_random_embeddings_with_ties():
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    x, y = random_with_ties()
+    calculator = AccuracyCalculator(include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
+                                    k="max_bin_count")
+    reference = calculator.get_accuracy(torch.tensor(x), torch.tensor(y))
+    ours = retrieval_metrics(x, y, recall_at=(1,), nmi=False)
+    assert ours["recall@1"] == pytest.approx(reference["precision_at_1"], abs=1e-6)
+    assert ours["map@r"] == pytest.approx(reference["mean_average_precision_at_r"], abs=1e-6)
+    assert ours["r_precision"] == pytest.approx(reference["r_precision"], abs=1e-6)
+
+
+def test_agrees_with_pytorch_metric_learning_query_vs_gallery():
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    x, y = random_with_ties(seed=1)
+    q, ql, g, gl = x[:150], y[:150], x[150:], y[150:]
+    calculator = AccuracyCalculator(include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
+                                    k="max_bin_count")
+    reference = calculator.get_accuracy(torch.tensor(q), torch.tensor(ql), torch.tensor(g), torch.tensor(gl))
+    ours = retrieval_metrics(q, ql, g, gl, recall_at=(1,), nmi=False)
+    assert ours["recall@1"] == pytest.approx(reference["precision_at_1"], abs=1e-6)
+    assert ours["map@r"] == pytest.approx(reference["mean_average_precision_at_r"], abs=1e-6)
+    assert ours["r_precision"] == pytest.approx(reference["r_precision"], abs=1e-6)
+
+
+def test_recall_at_k_matches_a_slow_loop():
+    x, y = random_with_ties(n=120, classes=10, duplicates=10, seed=2)
+    ours = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False)
+    sims = x @ x.T
+    for k in (1, 2, 4, 8):
+        hits = 0
+        for i in range(len(y)):
+            order = sorted((j for j in range(len(y)) if j != i), key=lambda j: (-sims[i, j], j))
+            hits += any(y[j] == y[i] for j in order[:k])
+        assert ours[f"recall@{k}"] == pytest.approx(hits / len(y))
+
+
+def test_nmi_is_one_for_separated_clusters_and_keys_are_stable():
+    x = np.repeat(np.eye(4), 5, axis=0) + 1e-3 * np.random.default_rng(0).normal(size=(20, 4))
+    y = np.repeat(np.arange(4), 5)
+    m = retrieval_metrics(x, y)
+    assert set(m) == {"recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision", "nmi"}
+    assert m["nmi"] == pytest.approx(1.0) and m["recall@1"] == 1.0
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(DeepMetricError, match="NaN"):
+        retrieval_metrics(np.array([[np.nan, 1.0], [1.0, 0.0]]), [0, 0])
+    with pytest.raises(DeepMetricError, match="3 entries for 2"):
+        retrieval_metrics(np.eye(2), [0, 0, 1])
+    with pytest.raises(DeepMetricError, match="nothing to retrieve"):
+        retrieval_metrics(np.eye(3), [0, 1, 2])
+
+
+def test_compute_metrics_is_independent_of_block_memory():
+    x, y = random_with_ties(n=200, classes=12, seed=3)
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    a = compute_metrics(xt, yt, xt, yt, torch.arange(len(y)), (1, 4), nmi=False, memory_mb=0.01)
+    b = compute_metrics(xt, yt, xt, yt, torch.arange(len(y)), (1, 4), nmi=False, memory_mb=500)
+    assert a == b

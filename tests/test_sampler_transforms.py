@@ -1,0 +1,110 @@
+"""The P x K sampler and the seeded transforms."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from deepmetric.data import PKSampler, TrainTransform
+from deepmetric.data import TestTransform as ResizeForTest
+from deepmetric.errors import DataError
+
+
+def labels_with_sizes(sizes):
+    return np.concatenate([np.full(n, c) for c, n in enumerate(sizes)])
+
+
+def test_batches_are_p_classes_times_k_images():
+    labels = labels_with_sizes([10] * 12)
+    sampler = PKSampler(labels, classes_per_batch=4, samples_per_class=3, seed=1, num_steps=20)
+    for batch in sampler:
+        rows = [r for r, _ in batch]
+        counts = Counter(labels[rows].tolist())
+        assert len(rows) == 12 and len(counts) == 4 and set(counts.values()) == {3}
+        assert len(set(rows)) == 12  # classes with >= K images never repeat an image in a batch
+        per_class = [labels[rows[i:i + 3]] for i in range(0, 12, 3)]
+        assert all(len(set(chunk.tolist())) == 1 for chunk in per_class)  # class-major
+
+
+def test_every_class_once_per_epoch():
+    labels = labels_with_sizes([5] * 9)
+    sampler = PKSampler(labels, classes_per_batch=3, samples_per_class=2, seed=0)
+    for epoch in range(3):
+        seen = [c for step in range(3 * epoch, 3 * epoch + 3) for c in sampler.classes_of_step(step).tolist()]
+        assert sorted(seen) == list(range(9))
+
+
+def test_small_classes_repeat_evenly_and_singletons_are_dropped():
+    labels = labels_with_sizes([2, 3, 8, 8, 1])
+    sampler = PKSampler(labels, classes_per_batch=2, samples_per_class=5, seed=0)
+    assert sampler.dropped_classes.tolist() == [4]
+    for step in range(10):
+        rows = sampler.global_batch(step)
+        for start in range(0, len(rows), 5):
+            chunk = rows[start:start + 5]
+            n = (labels == labels[chunk[0]]).sum()
+            assert max(Counter(chunk).values()) <= -(-5 // n)  # at most ceil(K / n) copies
+
+
+def test_deterministic_and_resumable():
+    labels = labels_with_sizes([7] * 10)
+    full = list(PKSampler(labels, 3, 4, seed=5, num_steps=12))
+    resumed = list(PKSampler(labels, 3, 4, seed=5, start_step=7, num_steps=12))
+    assert full[7:] == resumed
+    other = list(PKSampler(labels, 3, 4, seed=6, num_steps=12))
+    assert full != other
+
+
+def test_ranks_shard_the_global_batch():
+    labels = labels_with_sizes([6] * 8)
+    single = PKSampler(labels, 4, 4, seed=2)
+    shards = [PKSampler(labels, 4, 4, seed=2, rank=r, world_size=2) for r in range(2)]
+    for step in range(5):
+        assert shards[0].batch(step) + shards[1].batch(step) == single.batch(step)
+
+
+def test_too_few_classes_is_an_error():
+    with pytest.raises(DataError, match="needs 5 classes"):
+        PKSampler(labels_with_sizes([3, 3, 1]), 5, 2)
+
+
+def test_a_class_is_covered_before_its_images_repeat():
+    labels = labels_with_sizes([9] * 4)
+    sampler = PKSampler(labels, 2, 3, seed=3)  # 3 chunks of 3 cover the 9 images of a class
+    seen = {c: [] for c in range(4)}
+    for step in range(2 * 3):  # 3 epochs of 2 steps: every class drawn 3 times
+        rows = sampler.global_batch(step)
+        for r in rows:
+            seen[int(labels[r])].append(r)
+    assert all(len(set(v)) == 9 for v in seen.values())
+
+
+def test_train_transform_is_a_function_of_the_seed():
+    image = np.random.default_rng(0).integers(0, 255, size=(40, 30, 3), dtype=np.uint8)
+    transform = TrainTransform(24, (0.8, 1.8), flip=True)
+    a, b, c = transform(image, 7), transform(image, 7), transform(image, 8)
+    assert a.shape == (3, 24, 24) and a.dtype == torch.float32 and 0 <= a.min() and a.max() <= 1
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_small_images_are_padded_and_grayscale_becomes_rgb():
+    gray = np.full((10, 6), 200, dtype=np.uint8)
+    out = TrainTransform(32, (0.5, 0.5), flip=False)(gray, 0)  # longer side 16 < 32: centred on black
+    assert out.shape == (3, 32, 32)
+    assert torch.equal(out[0], out[1]) and out.max() == pytest.approx(200 / 255) and out.min() == 0
+
+
+def test_flip_off_never_flips():
+    image = np.zeros((16, 16, 3), dtype=np.uint8)
+    image[:, :4] = 255  # left band
+    transform = TrainTransform(16, (1.0, 1.0), flip=False)
+    assert all(transform(image, s)[0, :, 0].mean() > 0.9 for s in range(20))
+
+
+def test_test_transforms():
+    image = np.random.default_rng(1).integers(0, 255, size=(50, 80, 3), dtype=np.uint8)
+    assert ResizeForTest(32, "resize")(image).shape == (3, 32, 32)
+    assert ResizeForTest(32, "resize_crop")(image).shape == (3, 32, 32)

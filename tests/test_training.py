@@ -1,0 +1,96 @@
+"""The training loop on the tiny trunk: exact resumption, model selection, logs, failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepmetric.training import TrainingError, train
+from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+from deepmetric.training.run_dir import RunDir, load_run_model
+from helpers import tiny_config
+
+
+def weights(path):
+    tensors, state = load_checkpoint(path)
+    return unprefixed("model", tensors), unprefixed("optim", tensors), state
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
+    train(tiny_config(train={"steps": 6}), tmp_path / "straight", progress=False)
+    train(tiny_config(train={"steps": 3}), tmp_path / "resumed", progress=False)
+    assert weights(tmp_path / "resumed/checkpoints/last.safetensors")[2]["step"] == 3
+    train(tiny_config(train={"steps": 6}), tmp_path / "resumed", resume=True, progress=False)
+    a_model, a_optim, a_state = weights(tmp_path / "straight/checkpoints/last.safetensors")
+    b_model, b_optim, b_state = weights(tmp_path / "resumed/checkpoints/last.safetensors")
+    assert a_state["step"] == b_state["step"] == 6
+    assert a_model.keys() == b_model.keys() and all(torch.equal(a_model[k], b_model[k]) for k in a_model)
+    assert all(torch.equal(a_optim[k], b_optim[k]) for k in a_optim)
+    # and training did change the weights
+    fresh = tiny_config(train={"steps": 0})
+    train(fresh, tmp_path / "untrained", progress=False)
+    c_model, _, _ = weights(tmp_path / "untrained/checkpoints/last.safetensors")
+    assert not torch.equal(c_model["head.embed.weight"], a_model["head.embed.weight"])
+
+
+def test_best_checkpoint_follows_validation_recall(tmp_path):
+    config = tiny_config(data={"val_fraction": 0.4}, train={"steps": 6, "eval_every": 2})
+    result = train(config, tmp_path / "run", progress=False)
+    run = RunDir(tmp_path / "run")
+    validations = [r for r in run.read_log() if r.get("split") == "val"]
+    assert [r["step"] for r in validations] == [2, 4, 6]
+    best = max(validations, key=lambda r: r["recall@1"])
+    assert result.best_step == min(r["step"] for r in validations if r["recall@1"] == best["recall@1"])
+    _, _, state = weights(run.best)
+    assert state["step"] == result.best_step and state["val_recall@1"] == pytest.approx(best["recall@1"])
+    model, _, path = load_run_model(run.path)
+    assert path == run.best
+    losses = [r for r in run.read_log() if "loss" in r]
+    assert len(losses) == 6 and all("metric" in r and r["images_per_s"] > 0 for r in losses)
+    assert json.loads(json.dumps(run.config().to_dict())) == config.to_dict()
+
+
+def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
+    config = tiny_config(loss={"name": "contrastive", "options": {"margin": float("nan")}})
+    with pytest.raises(TrainingError, match="step 1: the loss term 'metric' is nan"):
+        train(config, tmp_path / "run", progress=False)
+    assert not RunDir(tmp_path / "run").last.exists()
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path):
+    from deepmetric.errors import DeepMetricError
+
+    train(tiny_config(train={"steps": 1}), tmp_path / "run", progress=False)
+    with pytest.raises(DeepMetricError, match="already holds a run; pass --resume"):
+        train(tiny_config(train={"steps": 1}), tmp_path / "run", progress=False)
+
+
+def test_baseline_is_recorded_before_training(tmp_path):
+    train(tiny_config(eval={"baseline": True}, train={"steps": 1}), tmp_path / "run", progress=False)
+    baseline = json.loads(RunDir(tmp_path / "run").baseline.read_text())
+    assert "no training" in baseline["model"] and 0 <= baseline["metrics"]["recall@1"] <= 1
+
+
+@pytest.mark.parametrize("loss", ["contrastive", "triplet", "multi-similarity", "margin"])
+def test_every_loss_trains(tmp_path, loss):
+    train(tiny_config(loss={"name": loss}, train={"steps": 2}), tmp_path / loss, progress=False)
+    assert RunDir(tmp_path / loss).last.is_file()
+
+
+@pytest.mark.integration
+def test_lite0_trains_and_evaluates_on_a_small_glyphs_set(tmp_path):
+    """The real offline backbone end to end: a 3-font glyphs set at 32 px, two steps, then the test split."""
+    from deepmetric.data import GLYPH_CHARS, build_glyphs
+    from deepmetric.data.glyphs import matplotlib_fonts
+    from deepmetric.workflows import evaluate_run
+
+    root = build_glyphs(tmp_path / "glyphs", size=32, fonts=matplotlib_fonts(GLYPH_CHARS)[:3], progress=False)
+    config = tiny_config(data={"spec": f"glyphs:{root}", "image_size": 32, "flip": False},
+                         model={"backbone": "lite0", "pretrained": True, "embedding_dim": 32},
+                         train={"steps": 2, "lr": 1e-3, "lr_backbone": 1e-4})
+    train(config, tmp_path / "run", progress=False)
+    record = evaluate_run(tmp_path / "run", progress=False)
+    assert record["test_classes"] == 87 and record["test_images"] == 87 * 3
+    assert 0.0 < record["metrics"]["recall@1"] <= 1.0
