@@ -21,12 +21,12 @@ $(BIN)/python:
 	$(PIP) install --quiet --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet --no-compile $(TORCH)
+	$(PIP) install --quiet --no-compile -e .
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-compile -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -77,7 +77,8 @@ class TestTransform:
     def __call__(self, image: np.ndarray, seed: int = 0) -> torch.Tensor:
         tensor = to_tensor(image)
         if self.mode == "resize":
-            tensor = F.resize(tensor, [self.size, self.size], antialias=True)
+            if tuple(tensor.shape[-2:]) != (self.size, self.size):
+                tensor = F.resize(tensor, [self.size, self.size], antialias=True)
         else:
             big = math.ceil(self.size * 1.144)
             tensor = F.center_crop(F.resize(tensor, [big, big], antialias=True), [self.size, self.size])
