@@ -53,6 +53,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if not args.out:
             raise DeepMetricError("--resume needs --out RUN_DIR")
+        if args.config:
+            raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
+                                  "key=value overrides instead of --config")
         saved = RunDir(args.out).config().to_dict()
         config = build_config(saved, *layers)
     else:

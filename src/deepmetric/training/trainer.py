@@ -112,6 +112,22 @@ def _save_best(run: RunDir, model: Embedder, step: int, score: float) -> None:
                     {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
 
 
+def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalDataset, device: torch.device,
+              step: int, best: dict[str, Any], bar: tqdm | None) -> dict[str, Any]:
+    """Evaluate the validation split, log it, and save ``best`` when Recall@1 improves; returns the new best."""
+    metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
+                       test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
+                       num_workers=config.data.num_workers, progress=False)
+    score = metrics["recall@1"]
+    run.append_log({"step": step, "split": "val", **metrics})
+    if best["score"] is None or score > best["score"]:
+        best = {"score": score, "step": step}
+        _save_best(run, model, step, score)
+    if bar is not None:
+        bar.write(f"step {step}: validation Recall@1 {score:.4f} (best {best['score']:.4f} at step {best['step']})")
+    return best
+
+
 def _resume(run: RunDir, model: Embedder, objective: Objective,
             optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
     tensors, state = load_checkpoint(run.last)
@@ -201,18 +217,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
             window_start, window_images = time.perf_counter(), 0
         bar.update(1)
         if has_val and (done % t.eval_every == 0 or done == t.steps):
-            metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
-                               test_resize=config.data.test_resize, batch_size=config.eval.batch_size,
-                               device=device, num_workers=config.data.num_workers, progress=False)
-            score = metrics["recall@1"]
-            run.append_log({"step": done, "split": "val", **metrics})
-            if best["score"] is None or score > best["score"]:
-                best = {"score": score, "step": done}
-                _save_best(run, model, done, score)
-            if progress:
-                bar.write(f"step {done}: validation Recall@1 {score:.4f} "
-                          f"(best {best['score']:.4f} at step {best['step']})")
-            model.train()
+            best = _validate(config, run, model, table, device, done, best, bar if progress else None)
+            window_start = time.perf_counter()  # keep validation time out of the images/s figure
         if done % t.checkpoint_every == 0 or done == t.steps:
             _save_last(run, model, objective, optimizer, done, best)
     bar.close()
