@@ -67,10 +67,17 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    """The metric loss and its options (see ``deepmetric.losses``)."""
+    """The objective: a metric loss (see ``deepmetric.losses``) plus regularisers."""
 
     name: str = "binomial"
     options: dict[str, Any] = field(default_factory=dict)
+    on: str | None = None
+    """``embedding`` (one loss on the concatenated embedding) or ``parts`` (one per learner); None: the head's
+    default."""
+    parts_reduction: str | None = None
+    """``mean`` or ``sum`` of the per-part losses; None: the head's default."""
+    regularizers: dict[str, dict[str, Any]] | None = None
+    """``{name: {weight: w, option: value}}``; None: the head's default regularisers, ``{}``: none."""
 
 
 @dataclass
@@ -85,6 +92,8 @@ class TrainConfig:
     lr_loss: float | None = None
     """Learning rate of parameters that live in the loss (e.g. margin's beta); None means ``lr``."""
     weight_decay: float = 0.0
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per parameter group (``pretrained``, ``new``, ``loss`` or a head's own): ``lr_scale`` and ``weight_decay``."""
     lr_schedule: str = "constant"
     """``constant`` (the papers) or ``cosine`` (decay to 0 over ``steps``)."""
     eval_every: int = 500
@@ -294,6 +303,15 @@ def validate(config: RunConfig) -> None:
     for name in ("eval_every", "checkpoint_every", "log_every"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be at least 1")
+    if config.loss.on not in (None, "embedding", "parts"):
+        raise ConfigError(f"loss.on must be 'embedding' or 'parts', got '{config.loss.on}'")
+    if config.loss.parts_reduction not in (None, "mean", "sum"):
+        raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{config.loss.parts_reduction}'")
+    for group, options in t.groups.items():
+        unknown = set(options) - {"lr_scale", "weight_decay"}
+        if unknown:
+            raise ConfigError(f"train.groups.{group}: unknown option(s) {sorted(unknown)}; expected lr_scale, "
+                              "weight_decay")
     if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
         raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
 

@@ -22,6 +22,7 @@ from .contrastive import ContrastiveLoss
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
+from .regularizers import REGULARIZERS, build_regularizer, register_regularizer
 from .triplet import TripletLoss
 
 LOSSES: dict[str, type[nn.Module]] = {
@@ -32,8 +33,8 @@ LOSSES: dict[str, type[nn.Module]] = {
     "margin": MarginLoss,
 }
 
-__all__ = ["LOSSES", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss", "Objective",
-           "TripletLoss", "build_loss"]
+__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss",
+           "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer", "register_regularizer"]
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
@@ -53,3 +54,15 @@ def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: in
         return cls(**options)
     except TypeError as error:
         raise ConfigError(f"loss '{name}': {error}") from None
+
+
+def build_objective(config: Any, head: nn.Module, num_classes: int | None = None) -> Objective:
+    """The objective of a run: ``config`` is the ``loss`` section; unset choices take the head's defaults
+    (``Head.metric_on``, ``Head.parts_reduction``, ``Head.default_regularizers``)."""
+    on = config.on or getattr(head, "metric_on", "embedding")
+    reduction = config.parts_reduction or getattr(head, "parts_reduction", "mean")
+    copies = getattr(head, "num_parts", 1) if on == "parts" else 1
+    losses = [build_loss(config.name, config.options, num_classes) for _ in range(copies)]
+    specs = config.regularizers if config.regularizers is not None else getattr(head, "default_regularizers", {})
+    regularizers = {name: build_regularizer(name, options, head, num_classes) for name, options in specs.items()}
+    return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers)

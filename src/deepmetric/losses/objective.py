@@ -1,8 +1,8 @@
-"""``Objective``: the weighted sum of the metric loss and the regularisers, each term logged by name.
+"""``Objective``: the metric loss (on the embedding or on each learner's part) plus weighted regularisers.
 
 The metric loss is ``loss(embeddings, labels) -> scalar``; a regulariser is
 ``reg(output: HeadOutput, labels) -> scalar``. The trainer calls ``objective(output, labels)`` and never
-looks at which head, loss or regulariser it has.
+looks at which head, loss or regulariser it has. Each term is returned unweighted, for the logs.
 """
 
 from __future__ import annotations
@@ -10,19 +10,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..models.heads import HeadOutput
 
 
 class Objective(nn.Module):
-    def __init__(self, metric_loss: nn.Module, regularizers: dict[str, tuple[nn.Module, float]] | None = None):
+    """``total = reduce_p L(part_p) + sum_r w_r R_r(output)`` (or ``L(embedding)`` with ``on="embedding"``).
+
+    ``metric_losses`` holds one loss per part when ``on="parts"`` (so per-part parameters, such as the
+    margin loss' boundaries per group, stay separate) or a single loss for the embedding.
+    """
+
+    def __init__(self, metric_losses: list[nn.Module] | nn.Module, on: str = "embedding",
+                 parts_reduction: str = "mean", regularizers: dict[str, tuple[nn.Module, float]] | None = None):
         super().__init__()
-        self.metric_loss = metric_loss
+        if isinstance(metric_losses, nn.Module):
+            metric_losses = [metric_losses]
+        if on not in ("embedding", "parts") or parts_reduction not in ("mean", "sum"):
+            raise ConfigError(f"objective: on={on!r}, parts_reduction={parts_reduction!r} is not supported")
+        self.metric_losses = nn.ModuleList(metric_losses)
+        self.on, self.parts_reduction = on, parts_reduction
         self.regularizers = nn.ModuleDict({name: module for name, (module, _) in (regularizers or {}).items()})
-        self.weights = {name: weight for name, (_, weight) in (regularizers or {}).items()}
+        self.weights = {name: float(weight) for name, (_, weight) in (regularizers or {}).items()}
+
+    def metric(self, output: HeadOutput, labels: torch.Tensor) -> torch.Tensor:
+        if self.on == "embedding":
+            return self.metric_losses[0](output.embedding, labels)
+        if len(self.metric_losses) not in (1, len(output.parts)):
+            raise ConfigError(f"objective has {len(self.metric_losses)} metric losses for {len(output.parts)} parts")
+        losses = [self.metric_losses[i if len(self.metric_losses) > 1 else 0](part, labels)
+                  for i, part in enumerate(output.parts)]
+        total = torch.stack(losses).sum()
+        return total / len(losses) if self.parts_reduction == "mean" else total
 
     def forward(self, output: HeadOutput, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Return the total loss and its terms (unweighted), e.g. ``{"metric": ..., "divergence": ...}``."""
-        terms = {"metric": self.metric_loss(output.embedding, labels)}
+        terms = {"metric": self.metric(output, labels)}
         total = terms["metric"]
         for name, regularizer in self.regularizers.items():
             terms[name] = regularizer(output, labels)

@@ -59,11 +59,11 @@ class Embedder(nn.Module):
             self.train(was_training)
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
-        """``pretrained`` (trunk and the head's pretrained blocks) and ``new`` (everything the head added)."""
-        pretrained = [p for p in self.trunk.parameters() if p.requires_grad]
-        pretrained += [p for p in self.head.pretrained_parameters() if p.requires_grad]
-        new = [p for p in self.head.new_parameters() if p.requires_grad]
-        return {"pretrained": pretrained, "new": new}
+        """The head's named groups (``pretrained``, ``new``, ...) with the trunk added to ``pretrained``;
+        frozen parameters are left out."""
+        groups = {name: [p for p in params if p.requires_grad] for name, params in self.head.parameter_groups().items()}
+        groups["pretrained"] = [p for p in self.trunk.parameters() if p.requires_grad] + groups.get("pretrained", [])
+        return {name: params for name, params in groups.items() if params}
 
 
 def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, pretrained: bool = True,

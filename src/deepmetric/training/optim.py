@@ -1,4 +1,4 @@
-"""The optimiser: Adam with one parameter group per learning rate, and the step-wise schedule."""
+"""The optimiser: Adam with one parameter group per named group of the model and the loss, and the schedule."""
 
 from __future__ import annotations
 
@@ -8,23 +8,35 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
+from ..errors import ConfigError
 from ..models import Embedder
 
 
 def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) -> torch.optim.Adam:
-    """Adam over ``pretrained`` (``lr_backbone``), ``new`` (``lr``) and ``loss`` (``lr_loss``) parameters.
+    """Adam over the model's named parameter groups plus ``loss`` (parameters living in the objective).
 
-    The papers train everything with Adam at 1e-5 (DIABLO §4.4.6; HORDE code); the groups let a run
-    give new layers (and learned loss parameters such as margin's beta) their own rate.
+    Base learning rates: ``pretrained`` -> ``lr_backbone``, ``loss`` -> ``lr_loss`` (default ``lr``), every
+    other group (``new`` and a head's own) -> ``lr``; ``train.groups.<name>.lr_scale`` multiplies it and
+    ``train.groups.<name>.weight_decay`` replaces ``weight_decay``. The papers train everything with Adam
+    at 1e-5 (DIABLO §4.4.6; HORDE code); groups let a method give its parts their own rates (DeML's
+    learners at 10x, DGML's queries) and a learned loss parameter (margin's beta) its own.
     """
-    groups_of_model = model.parameter_groups()
-    rates = {"pretrained": config.lr_backbone, "new": config.lr,
-             "loss": config.lr_loss if config.lr_loss is not None else config.lr}
-    params = {"pretrained": groups_of_model["pretrained"], "new": groups_of_model["new"],
-              "loss": [p for p in objective.parameters() if p.requires_grad]}
-    groups = [{"params": params[name], "lr": rates[name], "initial_lr": rates[name], "name": name}
-              for name in ("pretrained", "new", "loss") if params[name]]
-    return torch.optim.Adam(groups, weight_decay=config.weight_decay)
+    params = dict(model.parameter_groups())
+    loss_params = [p for p in objective.parameters() if p.requires_grad]
+    if loss_params:
+        params["loss"] = loss_params
+    unknown = set(config.groups) - set(params)
+    if unknown:
+        raise ConfigError(f"train.groups names {sorted(unknown)}, but this model's parameter groups are "
+                          f"{sorted(params)}")
+    base = {"pretrained": config.lr_backbone, "loss": config.lr_loss if config.lr_loss is not None else config.lr}
+    groups = []
+    for name, group_params in params.items():
+        options = config.groups.get(name, {})
+        lr = base.get(name, config.lr) * float(options.get("lr_scale", 1.0))
+        decay = float(options.get("weight_decay", config.weight_decay))
+        groups.append({"params": group_params, "lr": lr, "initial_lr": lr, "weight_decay": decay, "name": name})
+    return torch.optim.Adam(groups)
 
 
 def schedule_factor(schedule: str, step: int, total: int) -> float:

@@ -26,7 +26,7 @@ from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, training_loader
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
-from ..losses import Objective, build_loss
+from ..losses import Objective, build_objective
 from ..models import Embedder, create_model
 from .checkpoint import (
     atomic_write_text,
@@ -164,7 +164,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     log.info("%s", table.summary())
 
     model = build_model(config).to(device)
-    objective = Objective(build_loss(config.loss.name, config.loss.options, num_classes=len(classes))).to(device)
+    objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
     optimizer = build_optimizer(model, objective, t)
     run.path.mkdir(parents=True, exist_ok=True)
     start_step, best = 0, {"score": None, "step": None}

@@ -33,10 +33,25 @@ class HeadOutput:
 
 
 class Head(nn.Module):
-    """Base class. Subclasses list in ``pretrained_modules`` the names of their sub-modules that hold
-    pretrained weights (a backbone tail or a copy of it), which train at the backbone's learning rate."""
+    """Base class of every head.
+
+    A subclass declares, as class attributes, what the objective should do with its output unless the
+    config says otherwise, so that ``--head NAME`` alone trains the method as its paper does:
+
+    - ``pretrained_modules``: names of sub-modules holding pretrained weights (a backbone tail or a copy),
+      trained at the backbone's learning rate (parameter group ``pretrained``);
+    - ``metric_on``: ``embedding`` (one metric loss on the concatenation) or ``parts`` (one per learner);
+    - ``parts_reduction``: ``mean`` or ``sum`` of the per-part losses;
+    - ``default_regularizers``: ``{name: {"weight": w, **options}}`` added to the objective.
+
+    ``parameter_groups`` names groups of parameters that can get their own learning-rate scale and
+    weight decay (``train.groups``); every parameter belongs to exactly one group.
+    """
 
     pretrained_modules: tuple[str, ...] = ()
+    metric_on: str = "embedding"
+    parts_reduction: str = "mean"
+    default_regularizers: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
@@ -58,6 +73,15 @@ class Head(nn.Module):
     def new_parameters(self) -> list[nn.Parameter]:
         pretrained = {id(p) for p in self.pretrained_parameters()}
         return [p for p in self.parameters() if id(p) not in pretrained]
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Named groups covering every parameter once; the default is ``pretrained`` and ``new``."""
+        return {"pretrained": self.pretrained_parameters(), "new": self.new_parameters()}
+
+    @property
+    def num_parts(self) -> int:
+        """How many per-learner embeddings ``HeadOutput.parts`` holds."""
+        return 1
 
     def forward(self, features: torch.Tensor) -> HeadOutput:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -1,0 +1,42 @@
+"""Registry of regularisers: ``reg(output: HeadOutput, labels) -> scalar``, added to the objective by name.
+
+A method registers its regulariser class here (e.g. ABE's divergence loss, DGML's diversity loss); the
+class is built with the options of ``loss.regularizers.<name>`` (all but ``weight``) and, when its
+constructor asks for them, ``head`` (the model's head) and ``num_classes`` (training classes).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from ..errors import ConfigError, did_you_mean
+
+REGULARIZERS: dict[str, type[nn.Module]] = {}
+
+
+def register_regularizer(name: str, cls: type[nn.Module]) -> type[nn.Module]:
+    REGULARIZERS[name] = cls
+    return cls
+
+
+def build_regularizer(name: str, options: dict[str, Any], head: nn.Module | None = None,
+                      num_classes: int | None = None) -> tuple[nn.Module, float]:
+    """``(module, weight)`` for ``loss.regularizers.<name>``; unknown names and options are named."""
+    if name not in REGULARIZERS:
+        known = ", ".join(REGULARIZERS) or "none registered"
+        raise ConfigError(f"unknown regularizer '{name}'{did_you_mean(name, REGULARIZERS)}; known: {known}")
+    options = dict(options or {})
+    weight = float(options.pop("weight", 1.0))
+    cls = REGULARIZERS[name]
+    parameters = inspect.signature(cls.__init__).parameters
+    provided = {"head": head, "num_classes": num_classes}
+    accepted = [p for p in parameters if p not in ("self", *provided)]
+    for key in options:
+        if key not in accepted:
+            raise ConfigError(f"regularizer '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its "
+                              f"options are: weight, {', '.join(accepted) or '(none)'}")
+    options.update({k: v for k, v in provided.items() if k in parameters})
+    return cls(**options), weight
