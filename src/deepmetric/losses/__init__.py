@@ -3,6 +3,7 @@
 | name | loss | defaults |
 |---|---|---|
 | ``contrastive`` | thesis eq. 2.12 | margin 0.5 |
+| ``contrastive-euclidean`` | ABE eq. 10 (Euclidean distance) | margin 1 |
 | ``triplet`` | thesis eq. 2.14 | margin 0.1 |
 | ``binomial`` | binomial deviance, eq. 2.18 | alpha 2, beta 0.5, negative_weight 25 |
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
@@ -18,7 +19,8 @@ from torch import nn
 
 from ..errors import ConfigError, did_you_mean
 from .binomial import BinomialDevianceLoss
-from .contrastive import ContrastiveLoss
+from .contrastive import ContrastiveLoss, EuclideanContrastiveLoss
+from .divergence import ABEDivergenceLoss
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
@@ -27,14 +29,21 @@ from .triplet import TripletLoss
 
 LOSSES: dict[str, type[nn.Module]] = {
     "contrastive": ContrastiveLoss,
+    "contrastive-euclidean": EuclideanContrastiveLoss,
     "triplet": TripletLoss,
     "binomial": BinomialDevianceLoss,
     "multi-similarity": MultiSimilarityLoss,
     "margin": MarginLoss,
 }
 
-__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss",
-           "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer", "register_regularizer"]
+register_regularizer("divergence", ABEDivergenceLoss)
+
+__all__ = [
+    "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "BinomialDevianceLoss", "ContrastiveLoss",
+    "EuclideanContrastiveLoss",
+    "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective",
+    "build_regularizer", "register_regularizer",
+]
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:

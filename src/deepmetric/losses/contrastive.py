@@ -13,6 +13,28 @@ from torch import nn
 from .pairs import masked_mean, similarity_and_masks
 
 
+class EuclideanContrastiveLoss(nn.Module):
+    """Contrastive loss in the Euclidean form of ABE (Kim et al. 2018, eq. 10), margin m_c = 1.
+
+    ``L = mean_{i != j} [ y_ij D_ij^2 + (1 - y_ij) [m_c - D_ij]_+ ]`` with ``D = ||x_i - x_j|| = sqrt(2 - 2 s)``
+    on unit vectors, as printed in the paper (unsquared hinge); ``squared_hinge=True`` uses ``[m_c - D]_+^2``,
+    Caffe's ContrastiveLoss layer, which the paper's implementation probably used. All ordered pairs of
+    the batch, averaged.
+    """
+
+    def __init__(self, margin: float = 1.0, squared_hinge: bool = False):
+        super().__init__()
+        self.margin, self.squared_hinge = margin, squared_hinge
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels)
+        squared = (2.0 - 2.0 * sims).clamp_min(0.0)
+        hinge = torch.relu(self.margin - torch.sqrt(squared.clamp_min(1e-12)))
+        if self.squared_hinge:
+            hinge = hinge.pow(2)
+        return masked_mean(torch.where(pos, squared, hinge), pos | neg)
+
+
 class ContrastiveLoss(nn.Module):
     def __init__(self, margin: float = 0.5):
         super().__init__()

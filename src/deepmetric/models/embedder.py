@@ -76,7 +76,7 @@ def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int 
     safetensors file of backbone weights; other keywords are the head's options.
     """
     cls = head_class(head)
-    split = split if split is not None else cls.default_split(backbone)
+    split = split if split is not None else cls.default_split(backbone, **head_options)
     net = create_backbone(backbone, pretrained=pretrained, split=split, freeze_bn=freeze_bn, weights=weights)
     head_module = build_head(head, net, embedding_dim, head_options)
     spec = {"backbone": backbone, "head": head, "embedding_dim": embedding_dim, "split": net.split,

@@ -6,12 +6,14 @@ from typing import Any
 
 from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
+from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
+from .diablo import DIABLOHead
 from .gap import GAPHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
-HEADS: dict[str, type[Head]] = {"gap": GAPHead}
+HEADS: dict[str, type[Head]] = {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead}
 
 
 def head_class(name: str) -> type[Head]:

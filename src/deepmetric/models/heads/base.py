@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..backbones import Backbone
 
 # Constructor arguments a head gets from the backbone and the model config rather than from options.
-PROVIDED_ARGUMENTS = ("self", "tail", "in_channels", "embedding_dim")
+PROVIDED_ARGUMENTS = ("self", "cls", "backbone", "tail", "in_channels", "embedding_dim", "options")
 
 
 @dataclass
@@ -59,13 +59,17 @@ class Head(nn.Module):
         return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim, **options)
 
     @classmethod
-    def default_split(cls, backbone_name: str) -> str | None:
-        """Where this head wants the backbone cut when the config does not say (None: after the last stage)."""
+    def default_split(cls, backbone_name: str, **options: Any) -> str | None:
+        """Where this head (with these options) wants the backbone cut when the config does not say
+        (None: after the last stage)."""
         return None
 
     @classmethod
     def option_names(cls) -> list[str]:
-        return [p for p in inspect.signature(cls.__init__).parameters if p not in PROVIDED_ARGUMENTS]
+        """The head's options: the keywords of its own ``from_backbone`` if it has one, else of ``__init__``."""
+        own_builder = cls.from_backbone.__func__ is not Head.from_backbone.__func__  # type: ignore[attr-defined]
+        builder = cls.from_backbone if own_builder else cls.__init__
+        return [p for p in inspect.signature(builder).parameters if p not in PROVIDED_ARGUMENTS]
 
     def pretrained_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.pretrained_modules for p in getattr(self, name).parameters()]

@@ -1,0 +1,179 @@
+"""The multi-branch attention machinery shared by DIABLO and ABE.
+
+trunk F -> attention network phi -> N attention maps A -> merge -> tail psi on every branch -> GAP ->
+embedding of size D/N per branch -> l2 -> concatenation (DIABLO thesis §4.4, Fig. 4.3; ABE §3.3, Fig. 3):
+
+- pre-attention (DIABLO eq. 3-4, ABE eq. 7): ``H_n = psi(A_n ⊙ F)``, psi shared across branches and run on
+  all of them as one batch of B·N maps;
+- post-attention (DIABLO eq. 1-2): ``H_n = A_n ⊙ psi(F)``.
+
+Attention maps have shape (B, N, c_A, h, w) with c_A = 1 (one weight per location, broadcast over the
+channels: the Kronecker merge of eq. 8-9) or c_A = the channels of the map they weight (the Hadamard
+merge of eq. 12-13). When phi changes the resolution (a backbone whose next scale downsamples), the maps
+are resized bilinearly to the map they weight.
+
+The concatenation of the N unit-norm branch embeddings is divided by sqrt(N), so the retrieval embedding
+has unit norm and its cosine is the mean of the per-branch cosines.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import ConfigError
+from ..backbones import Backbone
+from .base import Head, HeadOutput
+
+
+def copy_stages(tail: nn.Module, names: tuple[str, ...]) -> nn.Sequential:
+    """A separate copy (same pretrained weights, own parameters) of the named stages of ``tail``."""
+    children = dict(tail.named_children())
+    missing = [n for n in names if n not in children]
+    if missing:
+        raise ConfigError(f"the backbone's tail has no stage(s) {missing} to copy for the attention network; its "
+                          f"stages are {list(children)}")
+    return nn.Sequential(OrderedDict((n, copy.deepcopy(children[n])) for n in names))
+
+
+def phi_channels(backbone: Backbone, names: tuple[str, ...]) -> int:
+    return backbone.stage_channels[names[-1]]
+
+
+class FeatureWiseSelection(nn.Module):
+    """DIABLO feature-wise selection (paper eq. 5-7; thesis eq. 4.28-4.30).
+
+    ``A^(n)_ij = softmax_n(alpha * cos(phi(f_ij), d^(n)))``: one weight per location and dictionary entry,
+    the same for every channel. Returns (B, N, 1, h, w).
+    """
+
+    def __init__(self, num_entries: int, phi_dim: int, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+        self.dictionary = nn.Parameter(torch.randn(num_entries, phi_dim))  # (N, m)
+
+    def similarity(self, phi_map: torch.Tensor) -> torch.Tensor:
+        """cos(phi(f_ij), d^(n)) as (B, N, h, w) (eq. 5)."""
+        return torch.einsum("bmhw,nm->bnhw", F.normalize(phi_map, dim=1), F.normalize(self.dictionary, dim=1))
+
+    def forward(self, phi_map: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.alpha * self.similarity(phi_map), dim=1).unsqueeze(2)
+
+
+class DimensionWiseSelection(nn.Module):
+    """DIABLO dimension-wise selection (paper eq. 10-11; thesis eq. 4.33-4.34).
+
+    A direction ``d^(n)_k`` per entry n and channel k of the weighted map:
+    ``A^(n)_ijk = softmax_n(alpha * cos(phi(f_ij), d^(n)_k))``, the softmax over entries taken separately
+    for every channel. Returns (B, N, c, h, w).
+    """
+
+    def __init__(self, num_entries: int, channels: int, phi_dim: int, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+        self.dictionary = nn.Parameter(torch.randn(num_entries, channels, phi_dim))  # (N, c, m)
+
+    def similarity(self, phi_map: torch.Tensor) -> torch.Tensor:
+        """cos(phi(f_ij), d^(n)_k) as (B, N, c, h, w) (eq. 10)."""
+        return torch.einsum("bmhw,ncm->bnchw", F.normalize(phi_map, dim=1), F.normalize(self.dictionary, dim=2))
+
+    def forward(self, phi_map: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.alpha * self.similarity(phi_map), dim=1)
+
+
+class SigmoidMasks(nn.Module):
+    """ABE's per-learner attention heads A'_m: one 1x1 convolution (with bias) + sigmoid per learner,
+    giving a mask in [0, 1] with the shape of the features it weights (ABE §4, Fig. 3). Returns (B, M, c, h, w)."""
+
+    def __init__(self, num_learners: int, phi_dim: int, channels: int):
+        super().__init__()
+        self.num_learners, self.channels = num_learners, channels
+        self.convs = nn.Conv2d(phi_dim, num_learners * channels, kernel_size=1)  # M convs as one
+        nn.init.xavier_uniform_(self.convs.weight.view(num_learners * channels, phi_dim))  # ABE: Glorot
+
+    def forward(self, phi_map: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = phi_map.shape
+        return torch.sigmoid(self.convs(phi_map)).view(b, self.num_learners, self.channels, h, w)
+
+
+class BranchEmbedding(nn.Module):
+    """Pooled branch features (B, N, C) -> per-branch l2-normalised embeddings of size D/N.
+
+    ``shared``: one linear map for all branches (ABE's shared final layer); otherwise one per branch
+    (DIABLO's "embedding layer for each branch"; same parameter count as one C x D layer). No bias.
+    """
+
+    def __init__(self, num_branches: int, in_channels: int, embedding_dim: int, shared: bool):
+        super().__init__()
+        if embedding_dim % num_branches:
+            raise ConfigError(f"embedding_dim {embedding_dim} is not divisible by the {num_branches} branches")
+        self.shared = shared
+        out = embedding_dim // num_branches
+        shape = (out, in_channels) if shared else (num_branches, out, in_channels)
+        self.weight = nn.Parameter(torch.empty(shape))
+        bound = 1.0 / math.sqrt(in_channels)  # nn.Linear's default initialisation
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, pooled: torch.Tensor) -> list[torch.Tensor]:
+        if self.shared:
+            projected = pooled @ self.weight.t()  # (B, N, D/N)
+        else:
+            projected = torch.einsum("bnc,ndc->bnd", pooled, self.weight)
+        return list(F.normalize(projected, dim=2).unbind(dim=1))
+
+
+class MultiBranchHead(Head):
+    """N attention branches over a shared tail; subclasses provide ``phi`` and ``selector``.
+
+    ``forward`` returns the concatenated embedding (divided by sqrt(N)), the N branch embeddings as
+    ``parts``, the channel-mean attention maps (B, N, h, w) as ``attention`` and the trunk map F as
+    ``extras["feature_map"]``.
+    """
+
+    pretrained_modules = ("phi", "psi")
+
+    def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
+                 embedding_dim: int, strategy: str, shared_embedding: bool):
+        super().__init__()
+        if strategy not in ("pre", "post"):
+            raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
+        self.psi, self.phi, self.selector = psi, phi, selector
+        self.num_branches, self.strategy, self.embedding_dim = num_branches, strategy, embedding_dim
+        self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding)
+
+    @property
+    def num_parts(self) -> int:
+        return self.num_branches
+
+    def attention_maps(self, features: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """A = selector(phi(F)), resized to ``size``: (B, N, c_A, h, w)."""
+        maps = self.selector(self.phi(features))
+        if tuple(maps.shape[-2:]) != tuple(size):
+            b, n, c = maps.shape[:3]
+            maps = F.interpolate(maps.flatten(1, 2), size=size, mode="bilinear", align_corners=False)
+            maps = maps.view(b, n, c, *size)
+        return maps
+
+    def branch_features(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled features of every branch (B, N, C') and the attention maps (B, N, c_A, h, w)."""
+        b = features.shape[0]
+        if self.strategy == "pre":
+            maps = self.attention_maps(features, features.shape[-2:])
+            merged = (features.unsqueeze(1) * maps).flatten(0, 1)  # (B·N, c, h, w): eq. 3 / eq. 13
+            refined = self.psi(merged)  # eq. 4, one batch for all branches
+            return refined.mean(dim=(2, 3)).view(b, self.num_branches, -1), maps
+        refined = self.psi(features)  # (B, C', h', w'): eq. 1
+        maps = self.attention_maps(features, refined.shape[-2:])
+        return (refined.unsqueeze(1) * maps).mean(dim=(3, 4)), maps  # eq. 2, pooled
+
+    def forward(self, features: torch.Tensor) -> HeadOutput:
+        pooled, maps = self.branch_features(features)
+        parts = self.embed(pooled)
+        embedding = torch.cat(parts, dim=1) / math.sqrt(self.num_branches)
+        return HeadOutput(embedding=embedding, parts=parts, attention=maps.mean(dim=2),
+                          extras={"feature_map": features})
