@@ -51,10 +51,26 @@ def test_resolved_config_round_trips(tmp_path):
 def test_presets_are_valid_configs():
     from pathlib import Path
 
-    presets = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
-    assert presets
+    from deepmetric.losses import LOSSES, REGULARIZERS
+    from deepmetric.models.heads import head_class
+
+    presets = sorted(Path(__file__).parent.parent.joinpath("configs").rglob("*.yaml"))
+    assert len(presets) > 20
     for preset in presets:
-        build_config(load_yaml(preset))
+        config = build_config(load_yaml(preset))
+        assert set(config.model.head_options) <= set(head_class(config.model.head).option_names()), preset
+        assert config.loss.name in LOSSES and set(config.loss.regularizers or {}) <= set(REGULARIZERS), preset
+
+
+def test_extends_merges_a_parent_file_and_refuses_cycles(tmp_path):
+    (tmp_path / "base.yaml").write_text("data:\n  image_size: 64\n  flip: false\nmodel:\n  head: gap\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\ndata:\n  image_size: 96\nmodel:\n  head: abe\n")
+    config = build_config(load_yaml(tmp_path / "child.yaml"))
+    assert (config.data.image_size, config.data.flip, config.model.head) == (96, False, "abe")
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="extends itself"):
+        load_yaml(tmp_path / "a.yaml")
 
 
 def test_checkpoint_round_trip_and_refusals(tmp_path):

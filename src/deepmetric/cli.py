@@ -16,19 +16,10 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .config import build_config, load_yaml, parse_override
+from .config import build_config, load_yaml, merge_layers, parse_override
 from .errors import DeepMetricError
 
 log = logging.getLogger("deepmetric")
-
-
-def _merge(target: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
-    for key, value in layer.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        else:
-            target[key] = value
-    return target
 
 
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -40,7 +31,7 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
             flags.setdefault(section, {})[key] = value
     overrides: dict[str, Any] = {}
     for text in args.overrides:
-        _merge(overrides, parse_override(text))
+        overrides = merge_layers(overrides, parse_override(text))
     return [flags, overrides]
 
 

@@ -256,10 +256,24 @@ def parse_override(text: str) -> dict[str, Any]:
     return _nest(key, value)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def merge_layers(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """``layer`` over ``base``, section by section (nested mappings merge, everything else replaces)."""
+    merged = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_layers(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a config file; ``extends: OTHER.yaml`` (relative to this file) loads OTHER first and merges."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in _seen:
+        raise ConfigError(f"config file {path} extends itself (through {' -> '.join(str(p) for p in _seen)})")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
@@ -268,7 +282,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
-    return data
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    return merge_layers(load_yaml(path.parent / str(parent), (*_seen, path.resolve())), data)
 
 
 def build_config(*layers: dict[str, Any]) -> RunConfig:
