@@ -68,7 +68,7 @@ def test_missing_image_is_named(tmp_path):
     victim = next((base / "images").rglob("*.jpg"))
     victim.unlink()
     with pytest.raises(DataError, match=f"(?s)1 image.*{victim.name}"):
-        load_cub(tmp_path, check=False)
+        load_dataset(f"cub:{tmp_path}", check_counts=False)
 
 
 def make_cars(root, classes=(1, 50, 98, 99, 150, 196), per_class=2):

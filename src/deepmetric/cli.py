@@ -26,6 +26,10 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags: dict[str, Any] = {}
     pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
              ("loss", "name", args.loss), ("train", "steps", args.steps)]
+    if args.skip_bad_images:
+        flags.setdefault("data", {})["skip_bad_images"] = True
+    if args.trust_pickle:
+        flags.setdefault("model", {})["trust_pickle"] = True
     for section, key, value in pairs:
         if value is not None:
             flags.setdefault(section, {})[key] = value
@@ -137,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
     p.add_argument("--config", help="YAML file of settings (see configs/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--skip-bad-images", action="store_true",
+                   help="leave corrupt/missing images out (listed in RUN/bad_images.txt) instead of stopping")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow model.weights to be a legacy pickled torch file (.pt/.pth) you trust")
     p.add_argument("--no-test", action="store_true", help="skip the test evaluation at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
@@ -183,8 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    from .training import TrainingInterrupted
+
     try:
         return args.func(args)
+    except TrainingInterrupted as stopped:
+        print(str(stopped), file=sys.stderr)
+        return 128 + stopped.signum
     except DeepMetricError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -44,6 +44,10 @@ class DataConfig:
     val_seed: int = 0
     check_counts: bool = True
     """Fail when a benchmark's split sizes differ from the published ones."""
+    check_images: bool = True
+    """Decode every image before training and stop with the list of bad ones (see ``skip_bad_images``)."""
+    skip_bad_images: bool = False
+    """Leave bad images (and classes left with one image) out instead of stopping; the list goes to the run."""
     num_workers: int = 0
     seed: int = 0
     """Seed of the data set itself where it has one (the glyphs character split)."""
@@ -57,6 +61,8 @@ class ModelConfig:
     pretrained: bool = True
     weights: str | None = None
     """Optional safetensors file of backbone weights (e.g. a converted Caffe GoogLeNet)."""
+    trust_pickle: bool = False
+    """Allow ``weights`` to be a legacy pickled torch file (read with torch's restricted unpickler)."""
     split: str | None = None
     """Where the backbone is cut into trunk and tail; None lets the head choose."""
     freeze_bn: bool = True

@@ -31,7 +31,7 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
     if data_spec:
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
-    table = load_table(config)
+    table, _ = load_table(config, progress, only_split="test")
     metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
                        config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress)
     _, state = load_checkpoint(checkpoint)

@@ -21,7 +21,7 @@ from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
 from .sampler import PKSampler
-from .table import RetrievalDataset
+from .table import RetrievalDataset, check_paths_exist
 from .transforms import TestTransform, TrainTransform
 
 LOADERS = ("glyphs", "fashion-mnist", "digits", "folder", "csv", "cub", "cars", "sop", "inshop")
@@ -63,8 +63,12 @@ def carve_validation(table: RetrievalDataset, fraction: float, seed: int = 0) ->
 
 
 def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fraction: float = 0.0,
-                 val_seed: int = 0) -> RetrievalDataset:
-    """Load the table named by ``spec`` with its zero-shot split (and an optional validation split)."""
+                 val_seed: int = 0, check_files: bool = True) -> RetrievalDataset:
+    """Load the table named by ``spec`` with its zero-shot split (and an optional validation split).
+
+    ``check_files`` fails, naming them, when listed image files do not exist (the training flow turns it
+    off because its audit, ``data.audit``, reports missing files together with every other problem).
+    """
     name, path = parse_spec(spec)
     if name == "glyphs":
         table = load_glyphs(path, seed=seed)
@@ -80,4 +84,6 @@ def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fra
         loader = {"cub": load_cub, "cars": load_cars, "sop": load_sop, "inshop": load_inshop}[name]
         table = loader(path, check=check_counts)
     table.meta["spec"] = spec
+    if check_files and not table.in_memory:
+        check_paths_exist(table.name, [str(p) for p in table.images], path or table.name)
     return carve_validation(table, val_fraction, val_seed)

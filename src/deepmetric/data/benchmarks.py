@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .table import RetrievalDataset, check_counts, check_paths_exist
+from .table import RetrievalDataset, check_counts
 
 PUBLISHED = {
     "cub": {"train": 5864, "test": 5924},
@@ -70,7 +70,6 @@ def _int(value: str, path: Path, dataset: str) -> int:
 
 def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, root: Path, check: bool,
            is_query: np.ndarray | None = None, is_gallery: np.ndarray | None = None) -> RetrievalDataset:
-    check_paths_exist(name, paths, root)
     ones = np.ones(len(paths), dtype=bool)
     table = RetrievalDataset(
         name=name, images=paths, labels=labels, splits=splits,

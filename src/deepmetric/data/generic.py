@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import DataError
 from .images import IMAGE_EXTENSIONS
-from .table import RetrievalDataset, check_paths_exist
+from .table import RetrievalDataset
 
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -99,7 +99,6 @@ def load_csv(path: str | Path) -> RetrievalDataset:
         splits.append(split)
         queries.append(_flag(row["is_query"], "is_query", line, path) if "is_query" in row else True)
         galleries.append(_flag(row["is_gallery"], "is_gallery", line, path) if "is_gallery" in row else True)
-    check_paths_exist(f"csv:{path}", paths, path.parent)
     return RetrievalDataset(name=f"csv:{path}", images=paths, labels=np.array(labels),
                             splits=np.array(splits, dtype=object), is_query=np.array(queries),
                             is_gallery=np.array(galleries), meta={"root": str(path.parent)})

@@ -102,7 +102,7 @@ class RetrievalDataset:
         return f"{self.name}: " + ", ".join(parts)
 
 
-def check_paths_exist(name: str, paths: list[str], root: Path) -> None:
+def check_paths_exist(name: str, paths: list[str], root: Path | str) -> None:
     """Fail with the missing files named (up to ten) when any listed image is absent."""
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:

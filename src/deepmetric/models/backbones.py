@@ -20,6 +20,7 @@ callers always pass RGB images in [0, 1].
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +192,7 @@ def _tiny(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]
 
     stages: list[Stage] = [("stage1", block(3, 8), 8, 2), ("stage2", block(8, 16), 16, 4),
                            ("stage3", block(16, 32), 32, 8)]
-    model = nn.Sequential(*[m for _, m, _, _ in stages])
+    model = nn.Sequential(OrderedDict((name, module) for name, module, _, _ in stages))
     return model, stages, (0.5,) * 3, (0.5,) * 3, False
 
 
@@ -225,16 +226,32 @@ def backbone_names() -> list[str]:
     return [*BUILDERS, "timm:<name>"]
 
 
-def _load_weights(model: nn.Module, path: str) -> None:
-    from safetensors.torch import load_file
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 
+
+def _read_weights(file: Path, trust_pickle: bool) -> dict[str, torch.Tensor]:
+    """A state dict from safetensors, or from a legacy pickled torch file when the user trusts it."""
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(file))
+    if file.suffix in PICKLE_SUFFIXES and trust_pickle:
+        # Even when trusted, read with torch's restricted unpickler: tensors and containers only.
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        return state.get("state_dict", state) if isinstance(state, dict) else state
+    if file.suffix in PICKLE_SUFFIXES:
+        raise CheckpointError(f"refusing to load {file}: it is a pickled torch file, and unpickling a file can "
+                              "execute code from it. Convert it to .safetensors, or pass --trust-pickle "
+                              "(model.trust_pickle=true) if you trust where it came from.")
+    raise CheckpointError(f"backbone weights {file}: expected a .safetensors file (or a legacy torch file with "
+                          "--trust-pickle)")
+
+
+def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False) -> None:
     file = Path(path)
-    if file.suffix != ".safetensors":
-        raise CheckpointError(f"refusing to load {file}: backbone weights must be a .safetensors file (pickled "
-                              "torch files can execute code when loaded)")
     if not file.is_file():
         raise CheckpointError(f"backbone weights {file} do not exist")
-    state = load_file(str(file))
+    state = _read_weights(file, trust_pickle)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"backbone weights {file} do not fit the network: missing "
@@ -242,7 +259,7 @@ def _load_weights(model: nn.Module, path: str) -> None:
 
 
 def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
-                    freeze_bn: bool = True, weights: str | None = None) -> Backbone:
+                    freeze_bn: bool = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
     """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage)."""
     if name.startswith("timm:"):
         model, stages, mean, std, bgr = _timm(name[len("timm:"):], pretrained)
@@ -252,7 +269,7 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
         raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
                           f"{', '.join(backbone_names())}")
     if weights:
-        _load_weights(model, weights)
+        _load_weights(model, weights, trust_pickle)
     if freeze_bn:
         from timm.layers import freeze_batch_norm_2d
 

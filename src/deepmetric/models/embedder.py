@@ -68,16 +68,18 @@ class Embedder(nn.Module):
 
 def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, pretrained: bool = True,
                  split: str | None = None, freeze_bn: bool = True, weights: str | None = None,
-                 **head_options: Any) -> Embedder:
+                 trust_pickle: bool = False, **head_options: Any) -> Embedder:
     """Build an ``Embedder``: ``create_model(backbone="lite0", head="gap", embedding_dim=512)``.
 
     ``split`` cuts the backbone into trunk and tail (None lets the head choose); ``freeze_bn`` turns
     BatchNorm into fixed affine layers (the usual choice with small P x K batches); ``weights`` loads a
-    safetensors file of backbone weights; other keywords are the head's options.
+    safetensors file of backbone weights (a pickled torch file only with ``trust_pickle``); other keywords
+    are the head's options.
     """
     cls = head_class(head)
     split = split if split is not None else cls.default_split(backbone, **head_options)
-    net = create_backbone(backbone, pretrained=pretrained, split=split, freeze_bn=freeze_bn, weights=weights)
+    net = create_backbone(backbone, pretrained=pretrained, split=split, freeze_bn=freeze_bn, weights=weights,
+                          trust_pickle=trust_pickle)
     head_module = build_head(head, net, embedding_dim, head_options)
     spec = {"backbone": backbone, "head": head, "embedding_dim": embedding_dim, "split": net.split,
             "freeze_bn": freeze_bn, "head_options": dict(head_options)}

@@ -1,5 +1,5 @@
 """Training: the loop, the optimiser groups and the checkpoint format."""
 
-from .trainer import TrainingError, TrainResult, build_model, load_table, train
+from .trainer import TrainingError, TrainingInterrupted, TrainResult, build_model, load_table, train
 
-__all__ = ["TrainResult", "TrainingError", "build_model", "load_table", "train"]
+__all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "build_model", "load_table", "train"]

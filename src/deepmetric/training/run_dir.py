@@ -8,6 +8,7 @@ RUN/
   checkpoints/best.safetensors   model at the best validation Recall@1 (when there is a val split)
   baseline.json               test metrics of the untrained backbone (eval.baseline)
   metrics.json                test metrics of the trained model (written by evaluate)
+  bad_images.txt              what data.skip_bad_images left out, one "item: problem" per line
 ```
 """
 
@@ -23,7 +24,7 @@ import yaml
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError
 from ..models import Embedder, create_model
-from .checkpoint import load_checkpoint, unprefixed
+from .checkpoint import atomic_write_text, load_checkpoint, unprefixed
 
 
 class RunDir:
@@ -45,6 +46,10 @@ class RunDir:
     @property
     def best(self) -> Path:
         return self.path / "checkpoints" / "best.safetensors"
+
+    @property
+    def bad_items(self) -> Path:
+        return self.path / "bad_images.txt"
 
     @property
     def baseline(self) -> Path:
@@ -77,6 +82,11 @@ class RunDir:
     def append_log(self, record: dict[str, Any]) -> None:
         with self.metrics_log.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    def truncate_log(self, step: int) -> None:
+        """Drop the log records of steps after ``step`` (what a resumed run will redo)."""
+        kept = [r for r in self.read_log() if r.get("step", 0) <= step]
+        atomic_write_text(self.metrics_log, "".join(json.dumps(r) + "\n" for r in kept))
 
     def read_log(self) -> list[dict[str, Any]]:
         if not self.metrics_log.is_file():

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ..config import RunConfig, save_config
 from ..data import PKSampler, TrainTransform, load_dataset
+from ..data.audit import BadItem, check_table
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, training_loader
 from ..errors import DeepMetricError
@@ -39,12 +40,31 @@ from .checkpoint import (
 )
 from .optim import apply_schedule, build_optimizer
 from .run_dir import RunDir
+from .signals import stop_on_signals
 
 log = logging.getLogger("deepmetric")
 
 
 class TrainingError(DeepMetricError):
     """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
+
+
+class TrainingInterrupted(DeepMetricError):
+    """A signal stopped training after a checkpoint was written."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
+    """Stop on a NaN/Inf loss, naming the step and the first non-finite term; ``last`` stays the last good one."""
+    if torch.isfinite(loss):
+        return
+    bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
+    value = float(terms.get(bad, loss).detach())
+    where = f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
+    raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
 
 
 @dataclass
@@ -70,16 +90,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_table(config: RunConfig) -> RetrievalDataset:
+def load_table(config: RunConfig, progress: bool = False,
+               only_split: str | None = None) -> tuple[RetrievalDataset, list[BadItem]]:
+    """The run's data set with its validation split (or only ``only_split`` of it), audited
+    (``data.check_images``): bad items stop the run with their list, or are left out
+    (``data.skip_bad_images``) and returned."""
     d = config.data
-    return load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
-                        val_seed=d.val_seed)
+    table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
+                         val_seed=d.val_seed, check_files=not d.check_images)
+    if only_split:
+        table = table.split(only_split)
+    if not d.check_images:
+        return table, []
+    return check_table(table, d.skip_bad_images, progress)
 
 
 def build_model(config: RunConfig) -> Embedder:
     m = config.model
     model = create_model(backbone=m.backbone, head=m.head, embedding_dim=m.embedding_dim, pretrained=m.pretrained,
-                         split=m.split, freeze_bn=m.freeze_bn, weights=m.weights, **m.head_options)
+                         split=m.split, freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle,
+                         **m.head_options)
     return model.set_channels_last(config.train.channels_last)
 
 
@@ -88,7 +118,7 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
     """Test metrics of the backbone's l2-normalised pooled features, before any training."""
     m = config.model
     model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
-                         freeze_bn=m.freeze_bn, weights=m.weights)
+                         freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
     model = model.set_channels_last(config.train.channels_last).to(device)
     metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
                        config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress)
@@ -156,7 +186,11 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     seed_everything(t.seed)
     device = resolve_device(t.device)
 
-    table = load_table(config)
+    table, bad_items = load_table(config, progress)
+    run.path.mkdir(parents=True, exist_ok=True)
+    if bad_items:
+        atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
+        log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
     train_part = table.split("train")
     has_val = table.count("val") > 0
     classes = np.unique(train_part.labels)
@@ -166,10 +200,10 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     model = build_model(config).to(device)
     objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
     optimizer = build_optimizer(model, objective, t)
-    run.path.mkdir(parents=True, exist_ok=True)
     start_step, best = 0, {"score": None, "step": None}
     if resume:
         start_step, best = _resume(run, model, objective, optimizer)
+        run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
         log.info("resuming %s from step %d", run.path, start_step)
     save_config(config, run.config_path)
 
@@ -192,35 +226,36 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     bar = tqdm(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
                dynamic_ncols=True)
     model.train()
-    for step in range(start_step, t.steps):
-        images, labels, _ = next(batches)
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        apply_schedule(optimizer, t.lr_schedule, step, t.steps)
-        loss, terms = objective(model(images), labels)
-        if not torch.isfinite(loss):
-            bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
-            raise TrainingError(f"step {step + 1}: the loss term '{bad}' is {float(terms.get(bad, loss).detach())}; "
-                                f"training stopped. The last good checkpoint is {run.last} (if any was written).")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        done = step + 1
-        window_images += len(images)
-        value = float(loss.detach())
-        smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
-        if done % t.log_every == 0 or done == t.steps:
-            elapsed = time.perf_counter() - window_start
-            rate = window_images / max(elapsed, 1e-9)
-            run.append_log({"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
-                            "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
-            bar.set_postfix(loss=f"{smoothed:.4f}", img_s=f"{rate:.0f}")
-            window_start, window_images = time.perf_counter(), 0
-        bar.update(1)
-        if has_val and (done % t.eval_every == 0 or done == t.steps):
-            best = _validate(config, run, model, table, device, done, best, bar if progress else None)
-            window_start = time.perf_counter()  # keep validation time out of the images/s figure
-        if done % t.checkpoint_every == 0 or done == t.steps:
-            _save_last(run, model, objective, optimizer, done, best)
+    with stop_on_signals() as stop:
+        for step in range(start_step, t.steps):
+            images, labels, _ = next(batches)
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            apply_schedule(optimizer, t.lr_schedule, step, t.steps)
+            loss, terms = objective(model(images), labels)
+            _check_finite(loss, terms, step + 1, run)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            done = step + 1
+            window_images += len(images)
+            value = float(loss.detach())
+            smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
+            if done % t.log_every == 0 or done == t.steps:
+                rate = window_images / max(time.perf_counter() - window_start, 1e-9)
+                run.append_log({"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
+                                "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
+                bar.set_postfix(loss=f"{smoothed:.4f}", img_s=f"{rate:.0f}")
+                window_start, window_images = time.perf_counter(), 0
+            bar.update(1)
+            if has_val and (done % t.eval_every == 0 or done == t.steps):
+                best = _validate(config, run, model, table, device, done, best, bar if progress else None)
+                window_start = time.perf_counter()  # keep validation time out of the images/s figure
+            if done % t.checkpoint_every == 0 or done == t.steps or stop.signum is not None:
+                _save_last(run, model, objective, optimizer, done, best)
+            if stop.signum is not None:
+                bar.close()
+                raise TrainingInterrupted(stop.signum, f"{stop.name} received: stopped after step {done}, "
+                                          f"checkpoint written to {run.last}; continue with --resume")
     bar.close()
     if start_step >= t.steps and not run.last.is_file():
         _save_last(run, model, objective, optimizer, start_step, best)
