@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
 from PIL import Image
 
 from deepmetric.data.audit import audit_table, check_table, image_problem
@@ -22,6 +21,7 @@ from deepmetric.errors import CheckpointError, DataError
 from deepmetric.training import train
 from deepmetric.training.checkpoint import load_checkpoint, unprefixed
 from deepmetric.training.run_dir import RunDir
+from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
