@@ -175,3 +175,28 @@ def test_compute_metrics_is_independent_of_block_memory():
     a = compute_metrics(xt, yt, xt, yt, torch.arange(len(y)), (1, 4), nmi=False, memory_mb=0.01)
     b = compute_metrics(xt, yt, xt, yt, torch.arange(len(y)), (1, 4), nmi=False, memory_mb=500)
     assert a == b
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_faiss_and_torch_engines_give_the_same_neighbours(k):
+    pytest.importorskip("faiss")
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(500, 16, generator=g)
+    x[100:140] = x[0]  # 41 exact duplicates: ties that cross any candidate margin
+    x[300:303] = x[299]
+    x = torch.nn.functional.normalize(x, dim=1)
+    for self_index in (torch.arange(500), None):
+        a = knn(x, x, k, self_index, memory_mb=0.05, engine="torch")
+        b = knn(x, x, k, self_index, memory_mb=0.05, engine="faiss")
+        assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0])
+
+
+def test_metrics_are_the_same_with_either_engine():
+    pytest.importorskip("faiss")
+    x, y = random_with_ties(n=300, classes=15, duplicates=40, seed=5)
+    a = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False, engine="torch")
+    b = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False, engine="faiss")
+    assert a == b
+    q, ql, gx, gl = x[:100], y[:100], x[100:], y[100:]
+    assert (retrieval_metrics(q, ql, gx, gl, nmi=False, engine="torch")
+            == retrieval_metrics(q, ql, gx, gl, nmi=False, engine="faiss"))

@@ -118,7 +118,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         gallery = _load_array(args.gallery[0], "gallery embeddings")
         gallery_labels = _load_array(args.gallery[1], "gallery labels")
     metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
-                                nmi=not args.no_nmi)
+                                nmi=not args.no_nmi, engine=args.engine)
     print(json.dumps(metrics) if args.json else format_table({"embeddings": metrics}))
     return 0
 
@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank queries against this gallery instead of against each other")
     p.add_argument("--recall-at", default="1,2,4,8", help="ranks K of Recall@K (default 1,2,4,8)")
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means)")
+    p.add_argument("--engine", default="auto", choices=["auto", "torch", "faiss"],
+                   help="kNN engine (auto: faiss when installed); both give the same numbers")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
     p.set_defaults(func=cmd_metrics)
     return parser

@@ -123,6 +123,8 @@ class EvalConfig:
     """Ranks K of Recall@K; None uses the data set's standard ranks."""
     batch_size: int = 128
     nmi: bool = True
+    engine: str = "auto"
+    """kNN engine: auto (faiss when installed), torch or faiss; both rank identically."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
 
@@ -335,6 +337,8 @@ def validate(config: RunConfig) -> None:
         if unknown:
             raise ConfigError(f"train.groups.{group}: unknown option(s) {sorted(unknown)}; expected lr_scale, "
                               "weight_decay")
+    if config.eval.engine not in ("auto", "torch", "faiss"):
+        raise ConfigError(f"eval.engine must be auto, torch or faiss, got '{config.eval.engine}'")
     if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
         raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
 

@@ -33,7 +33,8 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
         config.data.val_fraction = 0.0
     table, _ = load_table(config, progress, only_split="test")
     metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
-                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress)
+                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
+                       config.eval.engine)
     _, state = load_checkpoint(checkpoint)
     record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
               "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),

@@ -33,7 +33,7 @@ def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Sequence[int],
-                  nmi: bool = True) -> dict[str, float]:
+                  nmi: bool = True, engine: str = "auto") -> dict[str, float]:
     """Metrics of one split's embeddings under its query/gallery flags.
 
     Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
@@ -47,15 +47,15 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Se
     x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
     labels = torch.as_tensor(table.labels)
     return compute_metrics(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
-                           self_index if (self_index >= 0).any() else None, recall_at, nmi)
+                           self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine)
 
 
 def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, image_size: int,
              recall_at: Sequence[int] | None = None, nmi: bool = True, test_resize: str = "resize",
              batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-             progress: bool = True) -> dict[str, float]:
+             progress: bool = True, engine: str = "auto") -> dict[str, float]:
     """Embed ``split`` of ``table`` and return its metrics (Recall@K at the data set's ranks by default)."""
     part = table.split(split)
     embeddings = embed_table(model, part, image_size, test_resize, batch_size, device, num_workers, progress,
                              desc=f"embedding {split}")
-    return split_metrics(embeddings, part, recall_at or table.recall_at, nmi)
+    return split_metrics(embeddings, part, recall_at or table.recall_at, nmi, engine)

@@ -11,7 +11,9 @@ does, and reported):
 - **MAP@R** (Musgrave et al. 2020): ``(1/R) sum_{i=1..R} P(i) rel(i)``, the average precision cut at R,
   where P(i) is the precision of the top i and rel(i) says whether item i is of the query's class.
 - **NMI**: k-means of the query embeddings with as many clusters as query classes, compared with the
-  labels by ``2 I(Y; C) / (H(Y) + H(C))`` (scikit-learn, arithmetic normalisation).
+  labels by ``2 I(Y; C) / (H(Y) + H(C))`` (scikit-learn, arithmetic normalisation). NMI depends on the
+  k-means used (the thesis saw 5 points between two variants): scikit-learn's below 1,000 classes,
+  faiss' from 1,000 on when installed.
 
 Ties between exactly equal similarities are broken by gallery index (see ``knn.py``).
 """
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DeepMetricError
-from .knn import iter_knn
+from .knn import faiss_available, iter_knn
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,25 @@ def relevant_counts(query_labels: torch.Tensor, gallery_labels: torch.Tensor,
     return r
 
 
+FAISS_KMEANS_FROM = 1000  # clusters; scikit-learn's k-means becomes impractically slow beyond
+
+
+def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
+    """k-means assignments: scikit-learn (one initialisation) below FAISS_KMEANS_FROM clusters, faiss' k-means
+    from there on when faiss is installed (SOP's 11,316 classes), scikit-learn otherwise."""
+    if n_clusters >= FAISS_KMEANS_FROM and faiss_available():
+        import faiss
+
+        kmeans = faiss.Kmeans(x.shape[1], n_clusters, niter=20, seed=seed, verbose=False)
+        kmeans.train(np.ascontiguousarray(x, dtype=np.float32))
+        return kmeans.index.search(np.ascontiguousarray(x, dtype=np.float32), 1)[1][:, 0]
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
+
+
 def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0) -> float:
     """NMI between the labels and a k-means clustering with as many clusters as classes."""
-    from sklearn.cluster import KMeans
     from sklearn.metrics import normalized_mutual_info_score
 
     x = np.asarray(embeddings, dtype=np.float32)
@@ -73,13 +91,12 @@ def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.
     n_clusters = len(np.unique(y))
     if n_clusters < 2 or n_clusters >= len(y):
         return float("nan")
-    clusters = KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
-    return float(normalized_mutual_info_score(y, clusters))
+    return float(normalized_mutual_info_score(y, kmeans_labels(x, n_clusters, seed)))
 
 
 def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                     gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
-                    nmi: bool = True, memory_mb: float = 256.0) -> dict[str, float]:
+                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto") -> dict[str, float]:
     """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring)."""
     recall_at = sorted({int(k) for k in recall_at})
     r = relevant_counts(query_labels, gallery_labels, self_index)
@@ -95,7 +112,7 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     average_precision = torch.empty(len(r))
     r_precision = torch.empty(len(r))
     ranks = torch.arange(1, k + 1, dtype=torch.float32)
-    for start, _, indices in iter_knn(query, gallery, k, self_index, memory_mb):
+    for start, _, indices in iter_knn(query, gallery, k, self_index, memory_mb, engine):
         stop = start + len(indices)
         relevant = gallery_labels[indices] == query_labels[start:stop, None]  # (b, k)
         first_hit[start:stop] = torch.where(relevant.any(dim=1), relevant.float().argmax(dim=1), k)
@@ -116,22 +133,24 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
 def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray | torch.Tensor,
                       gallery: np.ndarray | torch.Tensor | None = None,
                       gallery_labels: np.ndarray | torch.Tensor | None = None,
-                      recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True) -> dict[str, float]:
+                      recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True,
+                      engine: str = "auto") -> dict[str, float]:
     """Recall@K, MAP@R, R-precision and NMI (keys ``recall@K``, ``map@r``, ``r_precision``, ``nmi``).
 
     Without a gallery every query is ranked against all the others (its own row removed by index);
-    with one, queries are ranked against the gallery only (the In-Shop protocol).
+    with one, queries are ranked against the gallery only (the In-Shop protocol). ``engine`` (auto, torch,
+    faiss) only changes the speed: both rank identically.
     """
     q = _as_tensor(query, "query embeddings")
     ql = _as_labels(query_labels, q.shape[0], "query labels")
     if gallery is None:
         if gallery_labels is not None:
             raise DeepMetricError("gallery labels given without gallery embeddings")
-        return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi)
+        return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi, engine=engine)
     if gallery_labels is None:
         raise DeepMetricError("gallery embeddings given without gallery labels")
     g = _as_tensor(gallery, "gallery embeddings")
     gl = _as_labels(gallery_labels, g.shape[0], "gallery labels")
     if g.shape[1] != q.shape[1]:
         raise DeepMetricError(f"query embeddings have {q.shape[1]} dimensions, gallery embeddings {g.shape[1]}")
-    return compute_metrics(q, ql, g, gl, None, recall_at, nmi)
+    return compute_metrics(q, ql, g, gl, None, recall_at, nmi, engine=engine)

@@ -121,7 +121,8 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
                          freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
     model = model.set_channels_last(config.train.channels_last).to(device)
     metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
-                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress)
+                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
+                       config.eval.engine)
     pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
     return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics}
 
