@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,10 +60,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / (
         f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
         f"-{config.model.head}")
-    result = train(config, out, resume=args.resume, progress=not args.quiet)
-    print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
-    if result.best_step is not None:
-        print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+    if args.nproc > 1:
+        from .training.launch import launch
+
+        started = time.perf_counter()
+        launch(config, out, args.nproc, resume=args.resume, progress=not args.quiet)
+        print(f"trained {config.train.steps} steps with {args.nproc} processes in "
+              f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
+    else:
+        result = train(config, out, resume=args.resume, progress=not args.quiet)
+        print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
+        if result.best_step is not None:
+            print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone evaluates
+        return 0
     if not args.no_test:
         record = evaluate_run(out, progress=not args.quiet)
         print(results_table(out, record))
@@ -147,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow model.weights to be a legacy pickled torch file (.pt/.pth) you trust")
     p.add_argument("--no-test", action="store_true", help="skip the test evaluation at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="train with N local processes on torch.distributed (gloo on CPU, NCCL on GPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
     p.set_defaults(func=cmd_train)
 

@@ -111,6 +111,8 @@ class TrainConfig:
     """Ask torch for deterministic kernels (slower on GPU; CPU kernels already are)."""
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    amp: bool = False
+    """Mixed precision: forward passes under bfloat16 autocast (weights and optimiser stay float32)."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
 

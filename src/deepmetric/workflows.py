@@ -18,7 +18,7 @@ from .evaluation import embed_table, evaluate
 from .evaluation.table import format_table
 from .training.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
 from .training.run_dir import RunDir, load_run_model
-from .training.trainer import load_table, resolve_device
+from .training.setup import load_table, resolve_device
 
 
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",

@@ -11,15 +11,20 @@ from tqdm import tqdm
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
+from ..distributed import DistContext, gather_rows, shard_rows
 from .metrics import compute_metrics
 
 
 @torch.no_grad()
 def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int, test_resize: str = "resize",
                 batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-                progress: bool = True, desc: str = "embedding") -> np.ndarray:
-    """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order."""
-    dataset = ImageDataset(table, TestTransform(image_size, test_resize))
+                progress: bool = True, desc: str = "embedding", context: DistContext | None = None) -> np.ndarray:
+    """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order.
+
+    Under torch.distributed (``context``) each rank embeds rows ``rank::world`` and every rank gets all N."""
+    context = context or DistContext()
+    rows = shard_rows(len(table), context)
+    dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(image_size, test_resize)), rows.tolist())
     loader = inference_loader(dataset, batch_size, num_workers)
     was_training = model.training
     model.eval()
@@ -29,7 +34,8 @@ def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int
             chunks.append(model(images.to(device)).embedding.float().cpu())
     finally:
         model.train(was_training)
-    return torch.cat(chunks).numpy() if chunks else np.zeros((0, 0), dtype=np.float32)
+    local = torch.cat(chunks) if chunks else torch.zeros(0, model.embedding_dim)
+    return gather_rows(local.to(device), len(table), context).cpu().numpy()
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Sequence[int],
@@ -53,9 +59,9 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Se
 def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, image_size: int,
              recall_at: Sequence[int] | None = None, nmi: bool = True, test_resize: str = "resize",
              batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-             progress: bool = True, engine: str = "auto") -> dict[str, float]:
+             progress: bool = True, engine: str = "auto", context: DistContext | None = None) -> dict[str, float]:
     """Embed ``split`` of ``table`` and return its metrics (Recall@K at the data set's ranks by default)."""
     part = table.split(split)
     embeddings = embed_table(model, part, image_size, test_resize, batch_size, device, num_workers, progress,
-                             desc=f"embedding {split}")
+                             desc=f"embedding {split}", context=context)
     return split_metrics(embeddings, part, recall_at or table.recall_at, nmi, engine)

@@ -1,5 +1,6 @@
 """Training: the loop, the optimiser groups and the checkpoint format."""
 
-from .trainer import TrainingError, TrainingInterrupted, TrainResult, build_model, load_table, train
+from .setup import build_model, load_table
+from .trainer import TrainingError, TrainingInterrupted, TrainResult, train
 
 __all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "build_model", "load_table", "train"]

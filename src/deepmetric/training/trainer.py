@@ -3,14 +3,16 @@
 Linear on purpose (after torchvision's reference scripts). The loop knows nothing about the head,
 loss or regularisers: it calls ``objective(model(images), labels)``. Batches and augmentations are
 pure functions of the seed and the step, and ``last`` holds the model, optimiser and RNG state, so a
-run resumed from ``last`` ends with exactly the weights of an uninterrupted run.
+run resumed from ``last`` ends with exactly the weights of an uninterrupted run. Under torch.distributed
+(``--nproc N`` or torchrun) every rank trains on its slice of the same global batch and the objective
+sees the whole batch (``distributed.py``); rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +20,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from ..config import RunConfig, save_config
-from ..data import PKSampler, TrainTransform, load_dataset
-from ..data.audit import BadItem, check_table
+from ..data import PKSampler, TrainTransform
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, training_loader
+from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
 from ..losses import Objective, build_objective
-from ..models import Embedder, create_model
+from ..models import Embedder
 from .checkpoint import (
     atomic_write_text,
     load_checkpoint,
@@ -40,6 +43,7 @@ from .checkpoint import (
 )
 from .optim import apply_schedule, build_optimizer
 from .run_dir import RunDir
+from .setup import build_model, load_table, resolve_device, seed_everything, untrained_baseline
 from .signals import stop_on_signals
 
 log = logging.getLogger("deepmetric")
@@ -57,16 +61,6 @@ class TrainingInterrupted(DeepMetricError):
         self.signum = signum
 
 
-def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
-    """Stop on a NaN/Inf loss, naming the step and the first non-finite term; ``last`` stays the last good one."""
-    if torch.isfinite(loss):
-        return
-    bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
-    value = float(terms.get(bad, loss).detach())
-    where = f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
-    raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
-
-
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -76,55 +70,14 @@ class TrainResult:
     seconds: float
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise DeepMetricError(f"train.device={name} but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def load_table(config: RunConfig, progress: bool = False,
-               only_split: str | None = None) -> tuple[RetrievalDataset, list[BadItem]]:
-    """The run's data set with its validation split (or only ``only_split`` of it), audited
-    (``data.check_images``): bad items stop the run with their list, or are left out
-    (``data.skip_bad_images``) and returned."""
-    d = config.data
-    table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
-                         val_seed=d.val_seed, check_files=not d.check_images)
-    if only_split:
-        table = table.split(only_split)
-    if not d.check_images:
-        return table, []
-    return check_table(table, d.skip_bad_images, progress)
-
-
-def build_model(config: RunConfig) -> Embedder:
-    m = config.model
-    model = create_model(backbone=m.backbone, head=m.head, embedding_dim=m.embedding_dim, pretrained=m.pretrained,
-                         split=m.split, freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle,
-                         **m.head_options)
-    return model.set_channels_last(config.train.channels_last)
-
-
-def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch.device,
-                       progress: bool) -> dict[str, Any]:
-    """Test metrics of the backbone's l2-normalised pooled features, before any training."""
-    m = config.model
-    model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
-                         freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
-    model = model.set_channels_last(config.train.channels_last).to(device)
-    metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
-                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
-                       config.eval.engine)
-    pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
-    return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics}
+def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
+    """Stop on a NaN/Inf loss, naming the step and the first non-finite term; ``last`` stays the last good one."""
+    if torch.isfinite(loss):
+        return
+    bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
+    value = float(terms.get(bad, loss).detach())
+    where = f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
+    raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
 
 
 def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer, step: int,
@@ -144,16 +97,20 @@ def _save_best(run: RunDir, model: Embedder, step: int, score: float) -> None:
 
 
 def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalDataset, device: torch.device,
-              step: int, best: dict[str, Any], bar: tqdm | None) -> dict[str, Any]:
-    """Evaluate the validation split, log it, and save ``best`` when Recall@1 improves; returns the new best."""
+              step: int, best: dict[str, Any], bar: tqdm | None, context: DistContext) -> dict[str, Any]:
+    """Evaluate the validation split (sharded across ranks), log it, and save ``best`` when Recall@1 improves;
+    returns the new best (the same on every rank)."""
     metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
                        test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
-                       num_workers=config.data.num_workers, progress=False)
+                       num_workers=config.data.num_workers, progress=False, context=context)
     score = metrics["recall@1"]
-    run.append_log({"step": step, "split": "val", **metrics})
-    if best["score"] is None or score > best["score"]:
+    improved = best["score"] is None or score > best["score"]
+    if improved:
         best = {"score": score, "step": step}
-        _save_best(run, model, step, score)
+    if context.is_main:
+        run.append_log({"step": step, "split": "val", **metrics})
+        if improved:
+            _save_best(run, model, step, score)
     if bar is not None:
         bar.write(f"step {step}: validation Recall@1 {score:.4f} (best {best['score']:.4f} at step {best['step']})")
     return best
@@ -172,31 +129,52 @@ def _resume(run: RunDir, model: Embedder, objective: Objective,
     return int(state["step"]), state.get("best", {})
 
 
-def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train ``config`` into run directory ``out`` (resuming from its ``last`` checkpoint if asked)."""
-    run = RunDir(out)
+def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext) -> None:
     if run.exists() and not resume:
         raise DeepMetricError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
     if resume and not run.last.is_file():
         raise DeepMetricError(f"cannot resume: {run.last} does not exist")
+    context.barrier()  # every rank has looked before rank 0 writes
+    if context.is_main:
+        run.path.mkdir(parents=True, exist_ok=True)
+
+
+def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None:
+    """The signal to stop on, agreed by all ranks (a signal may reach them at different steps)."""
+    if not context.enabled:
+        return stop_signum
+    flag = torch.tensor([stop_signum or 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag) or None
+
+
+def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
+    """Train ``config`` into run directory ``out`` (resuming from its ``last`` checkpoint if asked)."""
+    context = context_from_env()
+    run = RunDir(out)
+    _prepare_run_dir(run, resume, context)
     t = config.train
     if t.threads:
         torch.set_num_threads(t.threads)
     if t.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(t.seed)
-    device = resolve_device(t.device)
+    device = resolve_device(t.device, context.local_rank)
+    progress = progress and context.is_main
 
     table, bad_items = load_table(config, progress)
-    run.path.mkdir(parents=True, exist_ok=True)
-    if bad_items:
+    if bad_items and context.is_main:
         atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
         log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
     train_part = table.split("train")
     has_val = table.count("val") > 0
     classes = np.unique(train_part.labels)
     contiguous = np.searchsorted(classes, train_part.labels)  # per-class loss parameters index by these
-    log.info("%s", table.summary())
+    if context.is_main:
+        log.info("%s", table.summary())
+    if context.enabled and not config.model.freeze_bn:
+        log.warning("distributed training with model.freeze_bn=false: BatchNorm statistics come from each "
+                    "rank's slice, so results differ from one process")
 
     model = build_model(config).to(device)
     objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
@@ -204,23 +182,31 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     start_step, best = 0, {"score": None, "step": None}
     if resume:
         start_step, best = _resume(run, model, objective, optimizer)
-        run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
-        log.info("resuming %s from step %d", run.path, start_step)
-    save_config(config, run.config_path)
+        if context.is_main:
+            run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
+            log.info("resuming %s from step %d", run.path, start_step)
+    if context.is_main:
+        save_config(config, run.config_path)
+        if config.eval.baseline and not run.baseline.is_file():
+            log.info("evaluating the untrained backbone on the test split")
+            baseline = untrained_baseline(config, table, device, progress)
+            atomic_write_text(run.baseline, json.dumps(baseline, indent=2))
+    context.barrier()
 
-    if config.eval.baseline and not run.baseline.is_file():
-        log.info("evaluating the untrained backbone on the test split")
-        baseline = untrained_baseline(config, table, device, progress)
-        atomic_write_text(run.baseline, json.dumps(baseline, indent=2))
-
+    trained = model
+    if context.enabled:
+        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.index
+                                                            is not None else None)
+        trained.register_comm_hook(None, sum_gradients)
     sampler = PKSampler(contiguous, config.data.classes_per_batch, config.data.samples_per_class, seed=t.seed,
-                        start_step=start_step, num_steps=t.steps)
-    if len(sampler.dropped_classes):
+                        start_step=start_step, num_steps=t.steps, rank=context.rank, world_size=context.world_size)
+    if len(sampler.dropped_classes) and context.is_main:
         log.warning("%d training classes with a single image are left out of the batches",
                     len(sampler.dropped_classes))
     dataset = ImageDataset(train_part, TrainTransform(config.data.image_size, config.data.resize_range,
                                                       config.data.flip), labels=contiguous)
     batches = iter(training_loader(dataset, sampler, config.data.num_workers))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
     started = time.perf_counter()
     window_start, window_images, smoothed = time.perf_counter(), 0, None
@@ -232,16 +218,20 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
             images, labels, _ = next(batches)
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             apply_schedule(optimizer, t.lr_schedule, step, t.steps)
-            loss, terms = objective(model(images), labels)
+            with autocast:
+                output = trained(images)
+            if context.enabled:  # the objective sees the whole global batch, on every rank
+                output, labels = gather_output(output, len(images)), gather_labels(labels)
+            loss, terms = objective(output, labels)
             _check_finite(loss, terms, step + 1, run)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             done = step + 1
-            window_images += len(images)
+            window_images += len(labels)
             value = float(loss.detach())
             smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
-            if done % t.log_every == 0 or done == t.steps:
+            if context.is_main and (done % t.log_every == 0 or done == t.steps):
                 rate = window_images / max(time.perf_counter() - window_start, 1e-9)
                 run.append_log({"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
                                 "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
@@ -249,16 +239,18 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                 window_start, window_images = time.perf_counter(), 0
             bar.update(1)
             if has_val and (done % t.eval_every == 0 or done == t.steps):
-                best = _validate(config, run, model, table, device, done, best, bar if progress else None)
+                best = _validate(config, run, model, table, device, done, best, bar if progress else None, context)
                 window_start = time.perf_counter()  # keep validation time out of the images/s figure
-            if done % t.checkpoint_every == 0 or done == t.steps or stop.signum is not None:
+            signum = _stop_requested(stop.signum, context)
+            if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum):
                 _save_last(run, model, objective, optimizer, done, best)
-            if stop.signum is not None:
+            if signum:
                 bar.close()
-                raise TrainingInterrupted(stop.signum, f"{stop.name} received: stopped after step {done}, "
+                context.barrier()
+                raise TrainingInterrupted(signum, f"{signal.Signals(signum).name} received: stopped after step {done}, "
                                           f"checkpoint written to {run.last}; continue with --resume")
     bar.close()
-    if start_step >= t.steps and not run.last.is_file():
+    if context.is_main and start_step >= t.steps and not run.last.is_file():
         _save_last(run, model, objective, optimizer, start_step, best)
+    context.barrier()
     return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started)
-

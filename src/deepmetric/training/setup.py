@@ -1,0 +1,68 @@
+"""Building a run's pieces from its config: device, seeds, the audited data table, the model, the baseline."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..data import load_dataset
+from ..data.audit import BadItem, check_table
+from ..data.table import RetrievalDataset
+from ..errors import DeepMetricError
+from ..evaluation import evaluate
+from ..models import Embedder, create_model
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeepMetricError(f"train.device={name} but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_table(config: RunConfig, progress: bool = False,
+               only_split: str | None = None) -> tuple[RetrievalDataset, list[BadItem]]:
+    """The run's data set with its validation split (or only ``only_split`` of it), audited
+    (``data.check_images``): bad items stop the run with their list, or are left out
+    (``data.skip_bad_images``) and returned."""
+    d = config.data
+    table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
+                         val_seed=d.val_seed, check_files=not d.check_images)
+    if only_split:
+        table = table.split(only_split)
+    if not d.check_images:
+        return table, []
+    return check_table(table, d.skip_bad_images, progress)
+
+
+def build_model(config: RunConfig) -> Embedder:
+    m = config.model
+    model = create_model(backbone=m.backbone, head=m.head, embedding_dim=m.embedding_dim, pretrained=m.pretrained,
+                         split=m.split, freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle,
+                         **m.head_options)
+    return model.set_channels_last(config.train.channels_last)
+
+
+def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch.device,
+                       progress: bool) -> dict[str, Any]:
+    """Test metrics of the backbone's l2-normalised pooled features, before any training."""
+    m = config.model
+    model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
+                         freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
+    model = model.set_channels_last(config.train.channels_last).to(device)
+    metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
+                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
+                       config.eval.engine)
+    pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
+    return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics}
