@@ -97,6 +97,18 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from .studies import load_study, run_study
+
+    spec = load_study(args.file)
+    if args.out:
+        spec.out = Path(args.out)
+    paths = run_study(spec, progress=not args.quiet)
+    print(paths["md"].read_text())
+    print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
+    return 0
+
+
 def _load_array(path: str, what: str) -> np.ndarray:
     file = Path(path)
     if not file.is_file():
@@ -180,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
+                       description="Run every unfinished run of a study file (see configs/studies/) and write "
+                       "results.csv, results.md (mean ± std) and results.png.")
+    p.add_argument("file", help="study YAML")
+    p.add_argument("--out", help="override the study's output folder")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_study)
 
     p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")
     p.add_argument("embeddings", help="(N, D) .npy of query embeddings")

@@ -1,0 +1,8 @@
+"""Studies: a grid of runs (heads x losses x regularisers x seeds or class-disjoint splits) on one budget,
+resumable, aggregated into mean ± std tables and a chart."""
+
+from .aggregate import aggregate, write_results
+from .runner import run_study
+from .spec import StudySpec, load_study
+
+__all__ = ["StudySpec", "aggregate", "load_study", "run_study", "write_results"]

@@ -1,0 +1,112 @@
+"""Collect a study's test metrics into ``results.csv`` (one row per run), ``results.md`` (mean ± std per
+variant, the best mean of each column in bold) and ``results.png`` (Recall@1 and MAP@R with std bars).
+
+The std is the sample standard deviation (ddof = 1) over the repeats (seeds or splits); with one repeat
+it is 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeepMetricError
+from ..evaluation.table import metric_label
+from ..training.checkpoint import atomic_write_bytes, atomic_write_text
+from .spec import StudySpec
+
+
+def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
+    """One row per finished run: variant, repeat, then its test metrics."""
+    from .runner import run_dir_of
+
+    rows = []
+    for run in spec.runs():
+        metrics_file = run_dir_of(spec, run) / "metrics.json"
+        if metrics_file.is_file():
+            rows.append({"variant": run.variant, "repeat": run.repeat,
+                         **json.loads(metrics_file.read_text())["metrics"]})
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, tuple[float, float, int]]]]:
+    """Metric names and, per variant and metric, (mean, std, count)."""
+    metrics = [k for k in rows[0] if k not in ("variant", "repeat")] if rows else []
+    summary: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        values = {m: np.array([r[m] for r in rows if r["variant"] == variant and m in r], dtype=float)
+                  for m in metrics}
+        summary[variant] = {m: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
+                            for m, v in values.items()}
+    return metrics, summary
+
+
+def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
+    metrics, summary = summarise(rows)
+    best = {m: max(summary[v][m][0] for v in summary) for m in metrics}
+    protocol = (f"{len(spec.repeats)} class-disjoint train/val splits ({spec.split_fraction:.0%} of the training "
+                "classes validate)" if spec.protocol == "splits" else f"seeds {spec.repeats}")
+    lines = [f"# Study {spec.name}", "",
+             f"Test metrics in %, mean ± std over {protocol}; best mean of each column in bold. "
+             f"Written {time.strftime('%Y-%m-%d %H:%M')}.", "",
+             "| variant | runs | " + " | ".join(metric_label(m) for m in metrics) + " |",
+             "|---|---|" + "---|" * len(metrics)]
+    for variant, stats in summary.items():
+        cells = []
+        for m in metrics:
+            mean, std, _ = stats[m]
+            cell = f"{100 * mean:.2f} ± {100 * std:.2f}"
+            cells.append(f"**{cell}**" if mean == best[m] else cell)
+        count = max(s[2] for s in stats.values())
+        lines.append(f"| {variant} | {count} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict[str, Any]], title: str) -> bytes:
+    """Grouped bars of Recall@1 and MAP@R (mean ± std) per variant, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics, summary = summarise(rows)
+    shown = [m for m in ("recall@1", "map@r") if m in metrics]
+    variants = list(summary)
+    x = np.arange(len(variants))
+    width = 0.8 / max(len(shown), 1)
+    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(variants) + 2), 4), dpi=110)
+    for i, m in enumerate(shown):
+        means = [100 * summary[v][m][0] for v in variants]
+        stds = [100 * summary[v][m][1] for v in variants]
+        axis.bar(x + (i - (len(shown) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=metric_label(m))
+    axis.set_xticks(x, variants, rotation=20, ha="right")
+    axis.set_ylabel("%")
+    axis.set_title(title)
+    axis.legend()
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def write_results(spec: StudySpec, rows: list[dict[str, Any]]) -> dict[str, Path]:
+    if not rows:
+        raise DeepMetricError(f"study {spec.name}: no finished run to aggregate under {spec.out}")
+    spec.out.mkdir(parents=True, exist_ok=True)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+    writer.writeheader()
+    writer.writerows(rows)
+    paths = {"csv": spec.out / "results.csv", "md": spec.out / "results.md", "png": spec.out / "results.png"}
+    atomic_write_text(paths["csv"], buffer.getvalue())
+    atomic_write_text(paths["md"], markdown(spec, rows))
+    atomic_write_bytes(paths["png"], chart(rows, f"study {spec.name}"))
+    return paths

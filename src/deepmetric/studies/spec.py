@@ -1,0 +1,131 @@
+"""The study file: what to vary, over which seeds or splits, on which base config.
+
+```yaml
+name: demo                        # the study's name (default: the file's stem)
+base: ../demo-glyphs.yaml         # a run config (relative to this file); every run starts from it
+out: runs/studies/demo            # where runs and results go (default runs/studies/<name>)
+set: {train.steps: 200}           # overrides applied to every run
+variants:                         # named variants, each a set of overrides ...
+  gap: {}
+  diablo: {model.head: diablo}
+grid:                             # ... and/or a grid whose product makes more variants
+  loss.name: [binomial, contrastive]
+seeds: [0, 1, 2]                  # repeat every variant with train.seed = s
+splits: 10                        # or the DIABLO protocol (§4.2): s = 0..9 class-disjoint train/val partitions
+split_fraction: 0.5               #   of the training classes (half validate), model selection on validation
+```
+
+A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import build_config, load_yaml, merge_layers
+from ..errors import ConfigError, did_you_mean
+
+KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction")
+
+
+@dataclass
+class StudyRun:
+    """One run of a study: its variant, its repeat (seed or split index) and its resolved config layers."""
+
+    variant: str
+    repeat: int
+    layers: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}/{self.repeat}"
+
+
+@dataclass
+class StudySpec:
+    name: str
+    base: dict[str, Any]
+    out: Path
+    common: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    repeats: list[int] = field(default_factory=lambda: [0])
+    protocol: str = "seeds"
+    split_fraction: float = 0.5
+
+    def runs(self) -> list[StudyRun]:
+        runs = []
+        for variant, overrides in self.variants.items():
+            for repeat in self.repeats:
+                if self.protocol == "splits":
+                    per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
+                else:
+                    per_repeat = {"train": {"seed": repeat}}
+                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides, per_repeat]))
+        return runs
+
+
+def _dotted(mapping: dict[str, Any], where: str) -> dict[str, Any]:
+    """``{"train.steps": 3}`` -> ``{"train": {"steps": 3}}`` (values kept as given)."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"study: '{where}' must be a mapping of config keys, got {mapping!r}")
+    nested: dict[str, Any] = {}
+    for key, value in mapping.items():
+        nested = merge_layers(nested, _nest(key, value))
+    return nested
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    parts = str(key).split(".")
+    out: dict[str, Any] = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        out = {part: out}
+    return out
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).strip("{}[]").replace('"', "")
+
+
+def load_study(path: str | Path) -> StudySpec:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"study file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"study file {path} must hold a mapping")
+    for key in data:
+        if key not in KEYS:
+            raise ConfigError(f"study file {path}: unknown key '{key}'{did_you_mean(key, KEYS)}")
+    name = str(data.get("name", path.stem))
+    base = load_yaml(path.parent / data["base"]) if "base" in data else {}
+    named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in (data.get("variants") or {"": {}}).items()}
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError(f"study file {path}: 'grid' must map config keys to non-empty lists")
+    variants: dict[str, dict[str, Any]] = {}
+    for variant, overrides in named.items():
+        for combination in itertools.product(*grid.values()) if grid else [()]:
+            cell = dict(zip(grid, combination, strict=True))
+            label = "-".join(p for p in [variant, *(_label(v) for v in cell.values())] if p) or "base"
+            variants[label] = merge_layers(overrides, _dotted(cell, "grid"))
+    if "seeds" in data and "splits" in data:
+        raise ConfigError(f"study file {path}: give 'seeds' or 'splits', not both")
+    protocol = "splits" if "splits" in data else "seeds"
+    repeats = list(range(int(data["splits"]))) if protocol == "splits" else [int(s) for s in data.get("seeds", [0])]
+    spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
+                     common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
+                     protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)))
+    for run in spec.runs():  # every run's config must be valid before anything starts
+        try:
+            build_config(*run.layers)
+        except ConfigError as error:
+            raise ConfigError(f"study file {path}, run {run.name}: {error}") from None
+    return spec

@@ -1,0 +1,66 @@
+"""Studies: the grid, resumption, and the aggregation (mean ± std checked against numpy)."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import yaml
+
+from deepmetric.errors import ConfigError
+from deepmetric.studies import aggregate, load_study, run_study
+from deepmetric.studies.aggregate import summarise
+from helpers import tiny_config
+
+
+def write_study(tmp_path, **extra):
+    base = tiny_config(train={"steps": 2}).to_dict()
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    study = {"name": "tiny", "base": "base.yaml", "out": str(tmp_path / "out"), "set": {"train.steps": 2},
+             "variants": {"gap": {}, "abe": {"model.head": "abe", "model.head_options": {"num_learners": 2}}},
+             **extra}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp_path / "study.yaml"
+
+
+def test_grid_of_variants_repeats_and_splits(tmp_path):
+    spec = load_study(write_study(tmp_path, grid={"loss.name": ["binomial", "triplet"]}, seeds=[0, 1]))
+    assert sorted({r.variant for r in spec.runs()}) == ["abe-binomial", "abe-triplet", "gap-binomial",
+                                                        "gap-triplet"]
+    assert len(spec.runs()) == 8
+    spec = load_study(write_study(tmp_path, splits=3, split_fraction=0.4))
+    layers = [r.layers[-1] for r in spec.runs()]
+    assert spec.protocol == "splits" and {l["data"]["val_seed"] for l in layers} == {0, 1, 2}
+    with pytest.raises(ConfigError, match="unknown key 'seed'.*did you mean 'seeds'"):
+        load_study(write_study(tmp_path, seed=[0]))
+    with pytest.raises(ConfigError, match="run (abe|gap)/0.*did you mean .train.steps."):
+        load_study(write_study(tmp_path, set={"train.stepz": 2}))
+
+
+def test_two_run_study_aggregates_mean_and_std_and_resumes(tmp_path):
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, seeds=[0, 1]))
+    paths = run_study(spec, progress=False)
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [(r["variant"], r["repeat"]) for r in rows] == [("gap", "0"), ("gap", "1")]
+    recall = np.array([float(r["recall@1"]) for r in rows])
+    _, summary = summarise(aggregate(spec))
+    mean, std, count = summary["gap"]["recall@1"]
+    assert count == 2 and mean == pytest.approx(recall.mean()) and std == pytest.approx(recall.std(ddof=1))
+    table = paths["md"].read_text()
+    assert f"{100 * recall.mean():.2f} ± {100 * recall.std(ddof=1):.2f}" in table
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stamp = (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime
+    run_study(spec, progress=False)  # finished runs are skipped
+    assert (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime == stamp
+
+
+def test_best_mean_of_each_column_is_bold(tmp_path):
+    from deepmetric.studies.aggregate import markdown
+
+    spec = load_study(write_study(tmp_path))
+    rows = [{"variant": "a", "repeat": 0, "recall@1": 0.5, "map@r": 0.2},
+            {"variant": "b", "repeat": 0, "recall@1": 0.4, "map@r": 0.3}]
+    table = markdown(spec, rows)
+    assert "| a | 1 | **50.00 ± 0.00** | 20.00 ± 0.00 |" in table
+    assert "| b | 1 | 40.00 ± 0.00 | **30.00 ± 0.00** |" in table
