@@ -7,11 +7,20 @@ from typing import Any
 from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
 from .base import Head, HeadOutput
+from .dgml import AGroupingHead
 from .gap import GAPHead
+from .grouping_baselines import CGroupingHead, GGroupingHead, MGroupingHead, NGroupingHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
-HEADS: dict[str, type[Head]] = {"gap": GAPHead}
+HEADS: dict[str, type[Head]] = {
+    "gap": GAPHead,
+    "dgml": AGroupingHead,
+    "n-grouping": NGroupingHead,
+    "m-grouping": MGroupingHead,
+    "g-grouping": GGroupingHead,
+    "c-grouping": CGroupingHead,
+}
 
 
 def head_class(name: str) -> type[Head]:
