@@ -7,6 +7,8 @@
 | ``binomial`` | binomial deviance, eq. 2.18 | alpha 2, beta 0.5, negative_weight 25 |
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
+
+Regularisers (``loss.regularizers.<name>``): ``diversity`` (DGML eq. 4, ``diversity.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 from ..errors import ConfigError, did_you_mean
 from .binomial import BinomialDevianceLoss
 from .contrastive import ContrastiveLoss
+from .diversity import DiversityLoss
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
@@ -33,8 +36,11 @@ LOSSES: dict[str, type[nn.Module]] = {
     "margin": MarginLoss,
 }
 
-__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss",
-           "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer", "register_regularizer"]
+register_regularizer("diversity", DiversityLoss)
+
+__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "DiversityLoss", "MarginLoss",
+           "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer",
+           "register_regularizer"]
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
