@@ -6,8 +6,9 @@ For J (B, C, H, W):
 - key and value, two 1x1 convolutions without bias, shared by all groups:
   ``K = Unfold_3(Conv_K(J))`` (D_K x HW, eq. 5) and ``V = Unfold_3(Conv_V(J))`` (D_V x HW, eq. 6).
   D_K = C // 8 by default (the paper leaves it open; the authors' code uses reduction 8: 256 on
-  ResNet-50, 128 on GoogLeNet). D_V is the group width D // P (the paper: "the sum of dimensions is still
-  D"; the code's ``val_conv`` outputs ``dim_per = full_dim // k``): 128 for 4 x 128, 170 for 3 x 170.
+  ResNet-50, 128 on GoogLeNet). D_V is the group width D // P (§4.1: "the embedding size of each group is
+  the quotient of the total embedding size and the number of groups"; the code's ``val_conv`` outputs
+  ``dim_per = full_dim // k``): 128 for 4 x 128, 170 for 3 x 170.
 - queries ``Q = [q_1 .. q_P]`` (D_K x P), learned; initialised U(-1/sqrt(D_K), 1/sqrt(D_K)), the default
   initialisation of the code's per-group ``Conv2d(D_K, 1, 1)``.
 - attention ``A = Softmax(Q^T K)`` (P x HW, eq. 7): row-wise softmax over the HW positions, plain inner
