@@ -16,6 +16,7 @@ code's ``loss_emb /= k``), plus the diversity loss (eq. 4) with lambda_1 = 0.01 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ..backbones import Backbone
-from .base import Head, HeadOutput
+from .base import PROVIDED_ARGUMENTS, Head, HeadOutput
 
 
 class GroupingHead(Head):
@@ -49,6 +50,11 @@ class GroupingHead(Head):
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
         """Built on the trunk's output F (``backbone.channels``); the tail is left out of the model."""
         return cls(in_channels=backbone.channels, embedding_dim=embedding_dim, **options)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The keywords of ``__init__``: ``from_backbone`` only forwards them."""
+        return [p for p in inspect.signature(cls.__init__).parameters if p not in PROVIDED_ARGUMENTS]
 
     @property
     def num_parts(self) -> int:
