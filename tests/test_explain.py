@@ -7,7 +7,12 @@ import torch
 from PIL import Image
 
 from deepmetric.cli import main
-from deepmetric.viz import upsample
+from deepmetric.errors import DeepMetricError
+from deepmetric.models.heads import HEADS
+from deepmetric.training import train
+from deepmetric.training.run_dir import load_run_model
+from deepmetric.viz import explain_images, upsample
+from helpers import tiny_config
 
 TINY = ["--data", "digits", "--backbone", "tiny", "--steps", "2", "--quiet", "--no-test", "model.pretrained=false",
         "model.embedding_dim=16", "data.image_size=16", "data.classes_per_batch=3", "data.samples_per_class=4",
@@ -66,6 +71,22 @@ def test_explain_on_a_head_without_attention_is_one_clear_error(tmp_path, image_
     assert err.startswith("error: head 'gap' returns no attention maps") and not out.exists()
     code, _, err = run(capsys, "explain", run_dir, "--out", out)
     assert code == 2 and "needs --images PATH" in err
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_explain_serves_every_registered_head(head, tmp_path, image_folder):
+    """Each head either has its maps drawn (whatever its number of maps) or gets the one error."""
+    run_dir = tmp_path / "run"
+    train(tiny_config(model={"head": head}, train={"steps": 1}), run_dir, progress=False)
+    model, _, _ = load_run_model(run_dir)
+    attention = model.eval()(torch.rand(1, 3, 16, 16)).attention
+    if attention is None:
+        with pytest.raises(DeepMetricError, match=f"head '{head}' returns no attention maps"):
+            explain_images(run_dir, image_folder / "a.png", tmp_path / "out", progress=False)
+        assert not (tmp_path / "out").exists()
+    else:
+        written = explain_images(run_dir, image_folder / "a.png", tmp_path / "out", progress=False)
+        assert [p.name for p in written] == ["a.png"] and png_sizes(tmp_path / "out")["a.png"][0] > 0
 
 
 def test_upsample_is_bilinear_to_the_image_size():

@@ -34,21 +34,21 @@ from .overlays import image_overlays, top_images_grid
 
 
 def _load(run_dir: str | Path, which: str) -> tuple[Embedder, RunConfig, torch.device]:
+    """The run's model in eval mode; stops here, before any data is read, if its head has no attention."""
     device = resolve_device(RunDir(run_dir).config().train.device)
     model, config, _ = load_run_model(run_dir, which, device)
+    size = config.data.image_size
+    with torch.no_grad():
+        if model.eval()(torch.zeros(1, 3, size, size, device=device)).attention is None:
+            raise DeepMetricError(f"head '{model.spec['head']}' returns no attention maps, so there is nothing to "
+                                  "explain; explain works with heads that attend over positions (e.g. dgml)")
     return model, config, device
 
 
 def _attention_batches(model: Embedder, table: RetrievalDataset, config: RunConfig, device: torch.device,
                        batch_size: int | None, progress: bool) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield (input images (B, 3, H, W), attention (B, P, h, w) on CPU, table rows)."""
-    model.eval()
-    size = config.data.image_size
-    with torch.no_grad():
-        if model(torch.zeros(1, 3, size, size, device=device)).attention is None:
-            raise DeepMetricError(f"head '{model.spec['head']}' returns no attention maps, so there is nothing to "
-                                  "explain; explain works with heads that attend over positions (e.g. dgml)")
-    dataset = ImageDataset(table, TestTransform(size, config.data.test_resize))
+    dataset = ImageDataset(table, TestTransform(config.data.image_size, config.data.test_resize))
     loader = inference_loader(dataset, batch_size or config.eval.batch_size, config.data.num_workers)
     for images, _, rows in tqdm(loader, desc="attention", unit="batch", disable=not progress, leave=False):
         with torch.no_grad():

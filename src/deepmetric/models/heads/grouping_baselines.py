@@ -90,5 +90,4 @@ class CGroupingHead(GroupingHead):
         weighted = weights * pooled[:, None]  # GAP(w_p * J) = w_p * GAP(J): (B, P, C)
         strongest = weighted.argmax(dim=2)  # (B, P)
         maps = pick_channel(features[:, None], strongest) * pick_channel(weights, strongest)[..., None, None]
-        return self.grouped_output(self.embed(weighted), attention=maps,
-                                   extras={"channel_weights": weights})
+        return self.grouped_output(self.embed(weighted), attention=maps)
