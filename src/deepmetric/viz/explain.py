@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import RunConfig
+from ..data import load_dataset
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
@@ -28,7 +29,7 @@ from ..errors import DataError, DeepMetricError
 from ..models import Embedder
 from ..training.checkpoint import atomic_write_bytes
 from ..training.run_dir import RunDir, load_run_model
-from ..training.trainer import load_table, resolve_device
+from ..training.trainer import resolve_device
 from ..workflows import files_table, list_images
 from .overlays import image_overlays, top_images_grid
 
@@ -91,11 +92,13 @@ def explain_dataset(run_dir: str | Path, out: str | Path, data_spec: str | None 
     if top < 1:
         raise DeepMetricError(f"--top must be at least 1, got {top}")
     model, config, device = _load(run_dir, which)
-    if data_spec and data_spec != config.data.spec:
-        config.data.spec, config.data.val_fraction = data_spec, 0.0
-    table = load_table(config)
+    d = config.data
+    if data_spec and data_spec != d.spec:
+        d.spec, d.val_fraction = data_spec, 0.0
+    table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
+                         val_seed=d.val_seed)
     if table.count(split) == 0:
-        raise DataError(f"{config.data.spec} has no '{split}' images")
+        raise DataError(f"{d.spec} has no '{split}' images")
     part = table.split(split)
     maps = torch.cat([attention for _, attention, _ in
                       _attention_batches(model, part, config, device, batch_size, progress)])  # (N, P, h, w)
