@@ -16,9 +16,10 @@ For J (B, C, H, W):
 - groups ``F = A V^T`` (P x D_V, eq. 8); optionally a shared ``Linear(D_V, D_V, bias=False)`` after it
   (``projection=true``, the code's ``LearnQ_he``; the default is its ``LearnQ_fen``, without).
 
-Each group is then l2-normalised (see ``grouping.py``). Only the queries differ between groups. Every
-operation before the softmax and after it acts on each position alone or sums over positions, so the
-output is invariant to any permutation of J's spatial positions (Theorem 1, eq. 13). ``attention`` holds
+Each group is then l2-normalised (see ``grouping.py``). Only the queries differ between groups. The 1x1
+convolutions act on each position alone, the softmax permutes with the positions and the weighted sum
+ignores their order, so the output is invariant to any permutation of J's spatial positions (Theorem 1,
+eq. 13). ``attention`` holds
 A folded back to (B, P, H, W) (eq. 9) for ``deepmetric explain``.
 
 Parameter groups: ``key_value`` (the two convolutions), ``queries``, ``projection``: the code's three Adam
