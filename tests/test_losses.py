@@ -60,7 +60,7 @@ def slow_triplet(x, y, margin=0.1):
     return mean(losses)
 
 
-def slow_binomial(x, y, alpha=2.0, beta=0.5, c=25.0, cost="exponent"):
+def slow_binomial(x, y, alpha=2.0, beta=0.5, c=25.0, cost="exponent", c_pos=1.0):
     per_anchor = []
     n = len(y)
     for i in range(n):
@@ -69,8 +69,10 @@ def slow_binomial(x, y, alpha=2.0, beta=0.5, c=25.0, cost="exponent"):
             if i == j:
                 continue
             s = float(x[i] @ x[j])
-            if y[i] == y[j]:
-                pos.append(math.log1p(math.exp(-alpha * (s - beta))))
+            if y[i] == y[j] and cost == "exponent":
+                pos.append(math.log1p(math.exp(-alpha * c_pos * (s - beta))))
+            elif y[i] == y[j]:
+                pos.append(c_pos * math.log1p(math.exp(-alpha * (s - beta))))
             elif cost == "exponent":
                 neg.append(math.log1p(math.exp(alpha * c * (s - beta))))
             else:
@@ -113,6 +115,11 @@ def test_losses_match_slow_loops(seed):
     assert float(BinomialDevianceLoss()(x, y)) == pytest.approx(slow_binomial(x, y), abs=1e-10)
     assert float(BinomialDevianceLoss(cost="weight")(x, y)) == pytest.approx(
         slow_binomial(x, y, cost="weight"), abs=1e-10)
+    table_1 = BinomialDevianceLoss(positive_weight=25.0, negative_weight=1.0)  # DGML Table 1's placement
+    # torch's softplus is linear above 20, where log(1 + e^x) - x < e^-20 = 2e-9
+    assert float(table_1(x, y)) == pytest.approx(slow_binomial(x, y, c=1.0, c_pos=25.0), abs=1e-8)
+    assert float(BinomialDevianceLoss(positive_weight=3.0, cost="weight")(x, y)) == pytest.approx(
+        slow_binomial(x, y, cost="weight", c_pos=3.0), abs=1e-10)
     assert float(MultiSimilarityLoss(mining=False)(x, y)) == pytest.approx(slow_multi_similarity(x, y), abs=1e-10)
     assert float(MultiSimilarityLoss(mining=True)(x, y)) == pytest.approx(
         slow_multi_similarity(x, y, mining=True), abs=1e-10)

@@ -109,6 +109,24 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .viz import explain_dataset, explain_images
+
+    if not args.images and not args.data:
+        raise DeepMetricError("explain needs --images PATH (overlays per image) and/or --data [SPEC] (top images "
+                              "per group over a data set split)")
+    if args.images:
+        written = explain_images(args.run_dir, args.images, args.out, which=args.checkpoint,
+                                 batch_size=args.batch_size, progress=not args.quiet)
+        print(f"wrote {len(written)} attention overlays to {args.out}")
+    if args.data:
+        spec = None if args.data is True else args.data
+        path = explain_dataset(args.run_dir, args.out, data_spec=spec, split=args.split, top=args.top,
+                               which=args.checkpoint, batch_size=args.batch_size, progress=not args.quiet)
+        print(f"wrote the top {args.top} {args.split} images per group to {path}")
+    return 0
+
+
 def _load_array(path: str, what: str) -> np.ndarray:
     file = Path(path)
     if not file.is_file():
@@ -148,7 +166,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepmetric", description="Zero-shot image retrieval by deep metric "
-                                     "learning: train, evaluate, embed.")
+                                     "learning: train, evaluate, embed, explain.")
     parser.add_argument("--version", action="version", version=f"deepmetric {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -158,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data set spec: glyphs, fashion-mnist, digits, folder:PATH, csv:PATH, "
                    "cub:PATH, cars:PATH, sop:PATH, inshop:PATH")
     p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, resnet50, timm:<name>")
-    p.add_argument("--head", help="gap (default)")
+    p.add_argument("--head", help="gap (default), dgml, n-grouping, m-grouping, g-grouping, c-grouping")
     p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")
     p.add_argument("--steps", type=int, help="number of training steps")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
@@ -200,6 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="override the study's output folder")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_study)
+    p = sub.add_parser("explain", help="overlay each group's attention map on images (heads with attention)",
+                       description="Draw what a run's head attends to: per image, every group's attention map "
+                       "upsampled and overlaid (--images), and per group the images of a data set split with the "
+                       "highest attention peak (--data). Works for every head that returns attention maps.")
+    p.add_argument("run_dir")
+    p.add_argument("--images", help="an image file or a folder of images: writes OUT/<image>.png each")
+    p.add_argument("--data", nargs="?", const=True, metavar="SPEC",
+                   help="a data set spec, or nothing for the run's own: writes OUT/top<K>-<split>.png")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split of --data (test)")
+    p.add_argument("--top", type=int, default=12, help="images per group for --data (12, as DGML's figures)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")
     p.add_argument("embeddings", help="(N, D) .npy of query embeddings")

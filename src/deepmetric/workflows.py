@@ -68,6 +68,14 @@ def list_images(path: str | Path) -> list[Path]:
     return files
 
 
+def files_table(name: str, files: list[Path]) -> RetrievalDataset:
+    """A table of unlabelled image files (label 0, split ``test``), to run a model over them."""
+    count = len(files)
+    return RetrievalDataset(name=name, images=[str(f) for f in files], labels=np.zeros(count),
+                            splits=np.array(["test"] * count, dtype=object), is_query=np.ones(count, bool),
+                            is_gallery=np.ones(count, bool))
+
+
 def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which: str = "auto",
                  batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
     """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``."""
@@ -75,9 +83,7 @@ def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
     files = list_images(images)
-    table = RetrievalDataset(name=str(images), images=[str(f) for f in files], labels=np.zeros(len(files)),
-                             splits=np.array(["test"] * len(files), dtype=object),
-                             is_query=np.ones(len(files), bool), is_gallery=np.ones(len(files), bool))
+    table = files_table(str(images), files)
     embeddings = embed_table(model, table, config.data.image_size, config.data.test_resize,
                              batch_size or config.eval.batch_size, device, config.data.num_workers, progress)
     out = Path(out)

@@ -8,6 +8,8 @@
 | ``binomial`` | binomial deviance, eq. 2.18 | alpha 2, beta 0.5, negative_weight 25 |
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
+
+Regularisers (``loss.regularizers.<name>``): ``diversity`` (DGML eq. 4, ``diversity.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import ConfigError, did_you_mean
 from .binomial import BinomialDevianceLoss
 from .contrastive import ContrastiveLoss, EuclideanContrastiveLoss
 from .divergence import ABEDivergenceLoss
+from .diversity import DiversityLoss
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
@@ -37,12 +40,12 @@ LOSSES: dict[str, type[nn.Module]] = {
 }
 
 register_regularizer("divergence", ABEDivergenceLoss)
+register_regularizer("diversity", DiversityLoss)
 
 __all__ = [
-    "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "BinomialDevianceLoss", "ContrastiveLoss",
-    "EuclideanContrastiveLoss",
-    "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective",
-    "build_regularizer", "register_regularizer",
+    "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "BinomialDevianceLoss", "ContrastiveLoss", "DiversityLoss",
+    "EuclideanContrastiveLoss", "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss",
+    "build_objective", "build_regularizer", "register_regularizer",
 ]
 
 

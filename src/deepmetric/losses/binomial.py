@@ -6,6 +6,10 @@ and the author's code puts C inside the exponent, as Ustinova & Lempitsky define
 the default here (``cost="exponent"``); ``cost="weight"`` multiplies the negative term by C instead.
 Reduction: for each anchor, the mean over its positives plus the mean over its negatives, averaged
 over anchors (the code sums over anchors: the same loss times the batch size).
+
+``positive_weight`` scales the positive term the same way. DGML's Table 1 prints the 25 on the positive
+pairs (beta_1 = 25, beta_0 = 1: ``positive_weight=25, negative_weight=1``); its code, like the standard
+form, puts it on the negatives (the default here).
 """
 
 from __future__ import annotations
@@ -20,18 +24,22 @@ from .pairs import masked_mean, similarity_and_masks
 
 class BinomialDevianceLoss(nn.Module):
     def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_weight: float = 25.0,
-                 cost: str = "exponent"):
+                 cost: str = "exponent", positive_weight: float = 1.0):
         super().__init__()
         if cost not in ("exponent", "weight"):
             raise ConfigError(f"binomial loss: cost must be 'exponent' or 'weight', got '{cost}'")
         self.alpha, self.beta, self.negative_weight, self.cost = alpha, beta, negative_weight, cost
+        self.positive_weight = positive_weight
+
+    def _scaled(self, logits: torch.Tensor, weight: float) -> torch.Tensor:
+        """``log(1 + exp(C x))`` (cost in the exponent) or ``C log(1 + exp(x))``."""
+        if self.cost == "exponent":
+            return F.softplus(weight * logits)
+        return weight * F.softplus(logits)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         sims, pos, neg = similarity_and_masks(embeddings, labels)
-        positive = F.softplus(-self.alpha * (sims - self.beta))
-        if self.cost == "exponent":
-            negative = F.softplus(self.alpha * self.negative_weight * (sims - self.beta))
-        else:
-            negative = self.negative_weight * F.softplus(self.alpha * (sims - self.beta))
+        positive = self._scaled(-self.alpha * (sims - self.beta), self.positive_weight)
+        negative = self._scaled(self.alpha * (sims - self.beta), self.negative_weight)
         per_anchor = masked_mean(positive, pos, dim=1) + masked_mean(negative, neg, dim=1)
         return per_anchor.mean()

@@ -8,12 +8,24 @@ from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
 from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
+from .dgml import AGroupingHead
 from .diablo import DIABLOHead
 from .gap import GAPHead
+from .grouping_baselines import CGroupingHead, GGroupingHead, MGroupingHead, NGroupingHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
-HEADS: dict[str, type[Head]] = {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead}
+HEADS: dict[str, type[Head]] = {
+    "gap": GAPHead,
+    "diablo": DIABLOHead,
+    "abe": ABEHead,
+    "mheads": MHeadsHead,
+    "dgml": AGroupingHead,
+    "n-grouping": NGroupingHead,
+    "m-grouping": MGroupingHead,
+    "g-grouping": GGroupingHead,
+    "c-grouping": CGroupingHead,
+}
 
 
 def head_class(name: str) -> type[Head]:

@@ -1,0 +1,117 @@
+"""``deepmetric explain``: what a trained run's head attends to (DGML §3.3, eqs. 9-10; Figures 3-4).
+
+Two jobs, for any head that returns ``HeadOutput.attention`` (B, P, h, w):
+
+- ``explain_images``: for each image, every group's map upsampled to the network's input and overlaid;
+- ``explain_dataset``: for each group, the ``top`` images of a data set split whose map reaches the
+  highest weight (the paper's "12 attention maps containing the top attentive weights"; the selection
+  rule is unstated, the peak of each map is used), one row per group.
+
+Images are shown as the network saw them (the run's test-time resize). A head without attention maps
+stops with one message before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..config import RunConfig
+from ..data import load_dataset
+from ..data.table import RetrievalDataset
+from ..data.torch_dataset import ImageDataset, inference_loader
+from ..data.transforms import TestTransform
+from ..errors import DataError, DeepMetricError
+from ..models import Embedder
+from ..training.checkpoint import atomic_write_bytes
+from ..training.run_dir import RunDir, load_run_model
+from ..training.setup import resolve_device
+from ..workflows import files_table, list_images
+from .overlays import image_overlays, top_images_grid
+
+
+def _load(run_dir: str | Path, which: str) -> tuple[Embedder, RunConfig, torch.device]:
+    """The run's model in eval mode; stops here, before any data is read, if its head has no attention."""
+    device = resolve_device(RunDir(run_dir).config().train.device)
+    model, config, _ = load_run_model(run_dir, which, device)
+    size = config.data.image_size
+    with torch.no_grad():
+        if model.eval()(torch.zeros(1, 3, size, size, device=device)).attention is None:
+            raise DeepMetricError(f"head '{model.spec['head']}' returns no attention maps, so there is nothing to "
+                                  "explain; explain works with heads that attend over positions (e.g. dgml)")
+    return model, config, device
+
+
+def _attention_batches(model: Embedder, table: RetrievalDataset, config: RunConfig, device: torch.device,
+                       batch_size: int | None, progress: bool) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Yield (input images (B, 3, H, W), attention (B, P, h, w) on CPU, table rows)."""
+    dataset = ImageDataset(table, TestTransform(config.data.image_size, config.data.test_resize))
+    loader = inference_loader(dataset, batch_size or config.eval.batch_size, config.data.num_workers)
+    for images, _, rows in tqdm(loader, desc="attention", unit="batch", disable=not progress, leave=False):
+        with torch.no_grad():
+            attention = model(images.to(device)).attention
+        yield images, attention.float().cpu(), rows
+
+
+def _as_image(tensor: torch.Tensor) -> np.ndarray:
+    """(3, H, W) in [0, 1] -> (H, W, 3) array for drawing."""
+    return tensor.permute(1, 2, 0).clamp(0, 1).numpy()
+
+
+def _output_name(file: Path, root: Path) -> str:
+    relative = file.relative_to(root) if root.is_dir() else Path(file.name)
+    return "__".join(relative.with_suffix("").parts) + ".png"
+
+
+def explain_images(run_dir: str | Path, images: str | Path, out: str | Path, which: str = "auto",
+                   batch_size: int | None = None, progress: bool = True) -> list[Path]:
+    """Write ``OUT/<image>.png`` per image: the input and each group's upsampled attention over it."""
+    model, config, device = _load(run_dir, which)
+    root = Path(images)
+    files = list_images(root)
+    table = files_table(str(root), files)
+    out = Path(out)
+    written = []
+    for batch, attention, rows in _attention_batches(model, table, config, device, batch_size, progress):
+        for image, maps, row in zip(batch, attention, rows.tolist(), strict=True):
+            path = out / _output_name(files[row], root)
+            title = f"{files[row].name} — {model.spec['head']}, {len(maps)} groups"
+            atomic_write_bytes(path, image_overlays(_as_image(image), maps, title))
+            written.append(path)
+    return written
+
+
+def explain_dataset(run_dir: str | Path, out: str | Path, data_spec: str | None = None, split: str = "test",
+                    top: int = 12, which: str = "auto", batch_size: int | None = None,
+                    progress: bool = True) -> Path:
+    """Write ``OUT/top<k>-<split>.png``: per group, the ``top`` images of ``split`` with the highest peak."""
+    if top < 1:
+        raise DeepMetricError(f"--top must be at least 1, got {top}")
+    model, config, device = _load(run_dir, which)
+    d = config.data
+    if data_spec and data_spec != d.spec:
+        d.spec, d.val_fraction = data_spec, 0.0
+    table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
+                         val_seed=d.val_seed)
+    if table.count(split) == 0:
+        raise DataError(f"{d.spec} has no '{split}' images")
+    part = table.split(split)
+    maps = torch.cat([attention for _, attention, _ in
+                      _attention_batches(model, part, config, device, batch_size, progress)])  # (N, P, h, w)
+    peaks = maps.flatten(2).amax(dim=2)  # (N, P)
+    transform = TestTransform(config.data.image_size, config.data.test_resize)
+    rows = []
+    for group in range(maps.shape[1]):
+        chosen = peaks[:, group].topk(min(top, len(part))).indices.tolist()
+        rows.append([(_as_image(transform(part.image(i))), maps[i, group],
+                      f"{part.class_names.get(int(part.labels[i]), part.labels[i])} {float(peaks[i, group]):.2f}")
+                     for i in chosen])
+    path = Path(out) / f"top{top}-{split}.png"
+    title = (f"{model.spec['head']}: per group, the {top} {split} images of {config.data.spec} with the highest "
+             "attention peak (caption: class, peak weight)")
+    atomic_write_bytes(path, top_images_grid(rows, title))
+    return path
