@@ -8,12 +8,14 @@ from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
 from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
+from .deml import DeMLHead
 from .diablo import DIABLOHead
 from .gap import GAPHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
-HEADS: dict[str, type[Head]] = {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead}
+HEADS: dict[str, type[Head]] = {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead,
+                             "deml": DeMLHead}
 
 
 def head_class(name: str) -> type[Head]:
