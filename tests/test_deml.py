@@ -15,6 +15,7 @@ from deepmetric.losses import ActivationDecay, DeMLAdversary, DeMLPairHinge, Lea
 from deepmetric.losses.gradient_reversal import reverse_gradient
 from deepmetric.models import create_backbone
 from deepmetric.models.heads import HeadOutput
+from deepmetric.models.heads.deml import DeMLHead
 from deepmetric.models.heads.deml_modules import ChannelAttention
 from deepmetric.training.optim import build_optimizer
 from helpers import tiny_config
@@ -281,3 +282,25 @@ def test_deml_trains_resumes_and_reloads_through_the_run_directory(tmp_path):
     longer = tiny_config(model={"head": "deml", "head_options": options}, train={"steps": 3})
     train(longer, tmp_path / "run", resume=True, progress=False)
     assert '"step": 3' in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_presets_cover_the_ablation_grid_on_four_data_sets_and_the_demo_matches_the_baseline():
+    from pathlib import Path
+
+    from deepmetric.config import load_yaml
+
+    configs = Path(__file__).parent.parent / "configs"
+    for data, (i, j) in itertools.product(("cub", "cars", "sop", "inshop"),
+                                          ((1, 1), (1, 4), (1, 8), (2, 1), (2, 4), (3, 1), (3, 3))):
+        config = build_config(load_yaml(configs / "deml" / f"{data}-deml{i}{j}.yaml"))
+        assert config.model.head == "deml" and config.data.spec.startswith(data)
+        assert (config.model.head_options["num_scales"], config.model.head_options["num_branches"]) == (i, j)
+        assert config.loss.options == {"negative_weight": 35} and config.train.weight_decay == 2e-4
+        assert config.train.lr == config.train.lr_backbone == 1e-5
+        assert all(config.train.groups[g]["lr_scale"] == 10 for g in ("learners", "gates", "loss"))
+    demo, baseline = (build_config(load_yaml(configs / name)) for name in ("demo-glyphs-deml.yaml", "demo-glyphs.yaml"))
+    assert (demo.train.steps, demo.train.seed, demo.train.lr_backbone) == (baseline.train.steps, baseline.train.seed,
+                                                                         baseline.train.lr_backbone)
+    assert demo.data == baseline.data and demo.model.head_options["num_scales"] == 2
+    learners = DeMLHead.default_groups["learners"]["lr_scale"]
+    assert demo.train.lr * learners == baseline.train.lr  # the learners train at the baseline's new-layer rate
