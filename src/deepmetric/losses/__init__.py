@@ -20,8 +20,10 @@ from typing import Any
 from torch import nn
 
 from ..errors import ConfigError, did_you_mean
+from .activation_decay import ActivationDecay, LearnerRowNorm
 from .binomial import BinomialDevianceLoss
 from .contrastive import ContrastiveLoss, EuclideanContrastiveLoss
+from .deml_diversity import DeMLAdversary, DeMLPairHinge
 from .divergence import ABEDivergenceLoss
 from .diversity import DiversityLoss
 from .margin import MarginLoss
@@ -41,11 +43,16 @@ LOSSES: dict[str, type[nn.Module]] = {
 
 register_regularizer("divergence", ABEDivergenceLoss)
 register_regularizer("diversity", DiversityLoss)
+register_regularizer("deml-adversary", DeMLAdversary)
+register_regularizer("deml-hinge", DeMLPairHinge)
+register_regularizer("activation-decay", ActivationDecay)
+register_regularizer("learner-row-norm", LearnerRowNorm)
 
 __all__ = [
-    "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "BinomialDevianceLoss", "ContrastiveLoss", "DiversityLoss",
-    "EuclideanContrastiveLoss", "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss",
-    "build_objective", "build_regularizer", "register_regularizer",
+    "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss", "ContrastiveLoss",
+    "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss", "LearnerRowNorm",
+    "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective",
+    "build_regularizer", "register_regularizer",
 ]
 
 

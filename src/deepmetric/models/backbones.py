@@ -12,6 +12,8 @@ local features F) and a tail (the upper blocks, psi/G in the papers), with their
 
 Split points: lite0 ``stem, stage1..stage7, head``; googlenet and inception-v1 ``conv, inception3a, inception3b,
 pool3, inception4a..4e, pool4, inception5a, inception5b``; resnet50 ``stem, layer1..layer4``; tiny ``stage1..3``.
+Every backbone also has the split point ``input`` before its first stage (an identity trunk: F is the
+normalised image, 3 channels, stride 1), for heads that need the image itself (DeML crops it).
 
 The trunk ends at the split point (inclusive); None cuts after the last stage (empty tail).
 Normalisation (mean/std, channel order) is part of the backbone and applied inside the model, so
@@ -274,6 +276,7 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
         from timm.layers import freeze_batch_norm_2d
 
         stages = [(n, freeze_batch_norm_2d(m), c, s) for n, m, c, s in stages]
+    stages = [("input", nn.Identity(), 3, 1), *stages]
     points = tuple(s[0] for s in stages)
     split = points[-1] if split is None else split
     if split not in points:

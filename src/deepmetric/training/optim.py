@@ -17,7 +17,8 @@ def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) 
 
     Base learning rates: ``pretrained`` -> ``lr_backbone``, ``loss`` -> ``lr_loss`` (default ``lr``), every
     other group (``new`` and a head's own) -> ``lr``; ``train.groups.<name>.lr_scale`` multiplies it and
-    ``train.groups.<name>.weight_decay`` replaces ``weight_decay``. The papers train everything with Adam
+    ``train.groups.<name>.weight_decay`` replaces ``weight_decay``; the head's ``default_groups`` give the values
+    the config leaves unset. The papers train everything with Adam
     at 1e-5 (DIABLO §4.4.6; HORDE code); groups let a method give its parts their own rates (DeML's
     learners at 10x, DGML's queries) and a learned loss parameter (margin's beta) its own.
     """
@@ -30,9 +31,10 @@ def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) 
         raise ConfigError(f"train.groups names {sorted(unknown)}, but this model's parameter groups are "
                           f"{sorted(params)}")
     base = {"pretrained": config.lr_backbone, "loss": config.lr_loss if config.lr_loss is not None else config.lr}
+    head_defaults = getattr(model.head, "default_groups", {})
     groups = []
     for name, group_params in params.items():
-        options = config.groups.get(name, {})
+        options = {**head_defaults.get(name, {}), **config.groups.get(name, {})}
         lr = base.get(name, config.lr) * float(options.get("lr_scale", 1.0))
         decay = float(options.get("weight_decay", config.weight_decay))
         groups.append({"params": group_params, "lr": lr, "initial_lr": lr, "weight_decay": decay, "name": name})

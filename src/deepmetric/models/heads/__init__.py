@@ -8,6 +8,7 @@ from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
 from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
+from .deml import DeMLHead
 from .dgml import AGroupingHead
 from .diablo import DIABLOHead
 from .gap import GAPHead
@@ -25,6 +26,7 @@ HEADS: dict[str, type[Head]] = {
     "m-grouping": MGroupingHead,
     "g-grouping": GGroupingHead,
     "c-grouping": CGroupingHead,
+    "deml": DeMLHead,
 }
 
 

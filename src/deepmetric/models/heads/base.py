@@ -42,7 +42,9 @@ class Head(nn.Module):
       trained at the backbone's learning rate (parameter group ``pretrained``);
     - ``metric_on``: ``embedding`` (one metric loss on the concatenation) or ``parts`` (one per learner);
     - ``parts_reduction``: ``mean`` or ``sum`` of the per-part losses;
-    - ``default_regularizers``: ``{name: {"weight": w, **options}}`` added to the objective.
+    - ``default_regularizers``: ``{name: {"weight": w, **options}}`` added to the objective;
+    - ``default_groups``: ``{group: {"lr_scale": s, ...}}`` for the optimiser's named groups (its own and the
+      objective's ``loss``), under ``train.groups`` (the config wins, key by key; absent groups are ignored).
 
     ``parameter_groups`` names groups of parameters that can get their own learning-rate scale and
     weight decay (``train.groups``); every parameter belongs to exactly one group.
@@ -52,6 +54,7 @@ class Head(nn.Module):
     metric_on: str = "embedding"
     parts_reduction: str = "mean"
     default_regularizers: dict[str, dict[str, Any]] = {}
+    default_groups: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
