@@ -7,6 +7,8 @@
 | ``binomial`` | binomial deviance, eq. 2.18 | alpha 2, beta 0.5, negative_weight 25 |
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
+
+Regularisers (``loss.regularizers.<name>``): ``horde`` (``horde.py``, thesis ch. 5).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from torch import nn
 from ..errors import ConfigError, did_you_mean
 from .binomial import BinomialDevianceLoss
 from .contrastive import ContrastiveLoss
+from .horde import HordeRegularizer
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
 from .regularizers import REGULARIZERS, build_regularizer, register_regularizer
 from .triplet import TripletLoss
+
+register_regularizer("horde", HordeRegularizer)
 
 LOSSES: dict[str, type[nn.Module]] = {
     "contrastive": ContrastiveLoss,
@@ -33,8 +38,9 @@ LOSSES: dict[str, type[nn.Module]] = {
     "margin": MarginLoss,
 }
 
-__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "MarginLoss", "MultiSimilarityLoss",
-           "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer", "register_regularizer"]
+__all__ = ["LOSSES", "REGULARIZERS", "BinomialDevianceLoss", "ContrastiveLoss", "HordeRegularizer", "MarginLoss",
+           "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective", "build_regularizer",
+           "register_regularizer"]
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
@@ -64,5 +70,10 @@ def build_objective(config: Any, head: nn.Module, num_classes: int | None = None
     copies = getattr(head, "num_parts", 1) if on == "parts" else 1
     losses = [build_loss(config.name, config.options, num_classes) for _ in range(copies)]
     specs = config.regularizers if config.regularizers is not None else getattr(head, "default_regularizers", {})
-    regularizers = {name: build_regularizer(name, options, head, num_classes) for name, options in specs.items()}
+
+    def metric_loss() -> nn.Module:
+        return build_loss(config.name, config.options, num_classes)
+
+    regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
+                    for name, options in specs.items()}
     return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers)

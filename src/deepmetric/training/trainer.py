@@ -107,13 +107,14 @@ def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: to
                                         "optimizer": optim_meta, "best": best})
 
 
-def _save_best(run: RunDir, model: Embedder, step: int, score: float) -> None:
-    save_checkpoint(run.best, prefixed("model", model.state_dict()),
-                    {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
+def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, score: float) -> None:
+    """The model at its best validation score, with the objective's state (for evaluating auxiliary embeddings)."""
+    tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict())}
+    save_checkpoint(run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
 
 
-def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalDataset, device: torch.device,
-              step: int, best: dict[str, Any], bar: tqdm | None) -> dict[str, Any]:
+def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Objective, table: RetrievalDataset,
+              device: torch.device, step: int, best: dict[str, Any], bar: tqdm | None) -> dict[str, Any]:
     """Evaluate the validation split, log it, and save ``best`` when Recall@1 improves; returns the new best."""
     metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
                        test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
@@ -122,7 +123,7 @@ def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalD
     run.append_log({"step": step, "split": "val", **metrics})
     if best["score"] is None or score > best["score"]:
         best = {"score": score, "step": step}
-        _save_best(run, model, step, score)
+        _save_best(run, model, objective, step, score)
     if bar is not None:
         bar.write(f"step {step}: validation Recall@1 {score:.4f} (best {best['score']:.4f} at step {best['step']})")
     return best
@@ -217,7 +218,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
             window_start, window_images = time.perf_counter(), 0
         bar.update(1)
         if has_val and (done % t.eval_every == 0 or done == t.steps):
-            best = _validate(config, run, model, table, device, done, best, bar if progress else None)
+            best = _validate(config, run, model, objective, table, device, done, best, bar if progress else None)
             window_start = time.perf_counter()  # keep validation time out of the images/s figure
         if done % t.checkpoint_every == 0 or done == t.steps:
             _save_last(run, model, objective, optimizer, done, best)

@@ -46,12 +46,16 @@ class Head(nn.Module):
 
     ``parameter_groups`` names groups of parameters that can get their own learning-rate scale and
     weight decay (``train.groups``); every parameter belongs to exactly one group.
+
+    A head that puts its local features in ``extras["feature_map"]`` sets ``feature_channels`` (their
+    channels), so that regularisers on local features (HORDE) can size themselves.
     """
 
     pretrained_modules: tuple[str, ...] = ()
     metric_on: str = "embedding"
     parts_reduction: str = "mean"
     default_regularizers: dict[str, dict[str, Any]] = {}
+    feature_channels: int | None = None
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:

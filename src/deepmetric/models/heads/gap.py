@@ -21,6 +21,7 @@ class GAPHead(Head):
     def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512):
         super().__init__()
         self.tail = tail
+        self.feature_channels = in_channels  # channels of extras["feature_map"], for regularisers (HORDE)
         self.embedding_dim = embedding_dim or in_channels
         self.embed = nn.Linear(in_channels, embedding_dim, bias=False) if embedding_dim else nn.Identity()
 
