@@ -21,9 +21,9 @@ import torch
 from tqdm import tqdm
 
 from ..config import RunConfig, save_config
-from ..data import PKSampler, TrainTransform, load_dataset
+from ..data import PKSampler, TestTransform, TrainTransform, load_dataset
 from ..data.table import RetrievalDataset
-from ..data.torch_dataset import ImageDataset, training_loader
+from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
 from ..losses import Objective, build_objective
@@ -96,6 +96,18 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
     return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics}
 
 
+def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDataset, device: torch.device) -> None:
+    """Give the head the training images it asks for (``Head.init_images``): a seeded sample, test transform."""
+    count = min(int(getattr(model.head, "init_images", 0)), len(train_part))
+    if count <= 0:
+        return
+    rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
+    dataset = ImageDataset(train_part.subset(rows), TestTransform(config.data.image_size, config.data.test_resize))
+    loader = inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+    log.info("initialising the %s head from %d training images", config.model.head, count)
+    model.initialize_head(images.to(device) for images, _, _ in loader)
+
+
 def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer, step: int,
                best: dict[str, Any]) -> None:
     optim_tensors, optim_meta = optimizer_to_flat(optimizer)
@@ -165,6 +177,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     log.info("%s", table.summary())
 
     model = build_model(config).to(device)
+    if not resume:
+        initialize_head(model, config, train_part, device)
     objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
     optimizer = build_optimizer(model, objective, t)
     run.path.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,12 @@ from ...errors import ConfigError, did_you_mean
 from ..backbones import Backbone
 from .base import Head, HeadOutput
 from .gap import GAPHead
+from .jcf import JCFHead
+from .second_order import SecondOrderHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
-HEADS: dict[str, type[Head]] = {"gap": GAPHead}
+HEADS: dict[str, type[Head]] = {"gap": GAPHead, "bilinear": SecondOrderHead, "jcf": JCFHead}
 
 
 def head_class(name: str) -> type[Head]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,10 @@ class Head(nn.Module):
 
     A head that puts its local features in ``extras["feature_map"]`` sets ``feature_channels`` (their
     channels), so that regularisers on local features (HORDE) can size themselves.
+
+    A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
+    implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
+    trunk features F of that many training images, without augmentation, batch by batch.
     """
 
     pretrained_modules: tuple[str, ...] = ()
@@ -56,6 +61,7 @@ class Head(nn.Module):
     parts_reduction: str = "mean"
     default_regularizers: dict[str, dict[str, Any]] = {}
     feature_channels: int | None = None
+    init_images: int = 0
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
@@ -81,6 +87,9 @@ class Head(nn.Module):
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named groups covering every parameter once; the default is ``pretrained`` and ``new``."""
         return {"pretrained": self.pretrained_parameters(), "new": self.new_parameters()}
+
+    def initialize(self, feature_batches: Iterable[torch.Tensor]) -> None:
+        """Data-dependent initialisation from trunk features (B, C, h, w) of training images (default: none)."""
 
     @property
     def num_parts(self) -> int:
