@@ -137,3 +137,17 @@ def test_jcf_option_errors():
         JCFHead(8, factorization="full")
     with pytest.raises(ConfigError, match="rank \\(JCF-N-R\\) needs factorization=jcf"):
         JCFHead(8, rank=2, factorization="none")
+
+
+def test_jcf_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
+    from deepmetric.cli import main
+    from deepmetric.training.run_dir import load_run_model
+    from test_cli import TINY
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--head", "jcf", "--out", str(out), "model.head_options.codewords=4",
+                 "model.head_options.rank=2", "model.head_options.reduce_dim=6",
+                 "model.head_options.init_images=40"]) == 0
+    assert "trained (last, step 4)" in capsys.readouterr().out
+    model, _, _ = load_run_model(out, "last")
+    assert model.head.rank == 2 and float(model.head.alpha) != 1.0  # the k-means-initialised α was saved

@@ -141,3 +141,13 @@ def test_bad_combinations_are_named():
         SecondOrderHead(8, factorization="sketch")
     with pytest.raises(ConfigError, match="two-stream pooling"):
         SecondOrderHead(8, pooling="bilinear", factorization="rank_one")
+
+
+def test_bilinear_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
+    from deepmetric.cli import main
+    from test_cli import TINY
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--head", "bilinear", "--out", str(out), "model.head_options.reduce_dim=6",
+                 "model.head_options.matrix_norm=newton_schulz"]) == 0
+    assert "trained (last, step 4)" in capsys.readouterr().out
