@@ -151,3 +151,14 @@ def test_bilinear_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     assert main(["train", *TINY, "--head", "bilinear", "--out", str(out), "model.head_options.reduce_dim=6",
                  "model.head_options.matrix_norm=newton_schulz"]) == 0
     assert "trained (last, step 4)" in capsys.readouterr().out
+
+
+def test_gap_head_can_pool_the_trunk_features_as_a_first_order_control():
+    model = create_model("tiny", pretrained=False, embedding_dim=8, split="stage2", use_tail=False)
+    images = torch.rand(2, 3, 32, 32)
+    features = model.trunk(model.normalize(images))
+    assert features.shape[1] == 16 and model.head.feature_channels == 16
+    expected = torch.nn.functional.normalize(model.head.embed(features.mean(dim=(2, 3))), dim=1)
+    assert torch.allclose(model(images).embedding, expected, atol=1e-6)
+    assert not list(model.head.tail.parameters())
+    assert create_model("tiny", pretrained=False, embedding_dim=8, split="stage2").head.feature_channels == 32
