@@ -43,7 +43,7 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_train(args: argparse.Namespace) -> int:
     from .training import train
     from .training.run_dir import RunDir
-    from .workflows import evaluate_run, results_table
+    from .workflows import add_regularizers, evaluate_run, results_table
 
     layers = _train_layers(args)
     if args.resume:
@@ -57,6 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         base = load_yaml(args.config) if args.config else {}
         config = build_config(base, *layers)
+    if args.regularizer:
+        add_regularizers(config, args.regularizer)
     out = Path(args.out) if args.out else Path("runs") / (
         f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
         f"-{config.model.head}")
@@ -81,8 +83,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .workflows import evaluate_run, results_table
+    from .evaluation.table import format_table
+    from .workflows import evaluate_all_embeddings, evaluate_run, results_table
 
+    if args.all_embeddings:
+        if args.data:
+            raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
+        record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
+                                         progress=not args.quiet)
+        print(json.dumps(record["embeddings"]) if args.json else format_table(record["embeddings"]))
+        return 0
     record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
     print(json.dumps(record["metrics"]) if args.json else results_table(args.run_dir, record))
     return 0
@@ -176,9 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data set spec: glyphs, fashion-mnist, digits, folder:PATH, csv:PATH, "
                    "cub:PATH, cars:PATH, sop:PATH, inshop:PATH")
     p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, resnet50, timm:<name>")
-    p.add_argument("--head", help="gap (default), dgml, n-grouping, m-grouping, g-grouping, c-grouping")
+    p.add_argument("--head", help="gap (default), diablo, abe, mheads, dgml, n-/m-/g-/c-grouping, deml, "
+                   "bilinear, jcf")
     p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")
     p.add_argument("--steps", type=int, help="number of training steps")
+    p.add_argument("--regularizer", action="append", metavar="NAME",
+                   help="add a regulariser with its default options (repeatable), e.g. horde; options and "
+                   "weight come from loss.regularizers.NAME.* overrides or the config")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
     p.add_argument("--config", help="YAML file of settings (see configs/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -199,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
                    help="auto: best if the run had a validation split, else last")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--all-embeddings", action="store_true",
+                   help="also evaluate the embeddings the objective computes (HORDE: one per order) and their "
+                   "concatenation reduced by a PCA fitted on the training split; writes "
+                   "RUN_DIR/metrics-all-embeddings.json")
+    p.add_argument("--pca-dim", type=int, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 

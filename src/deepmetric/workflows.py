@@ -13,10 +13,10 @@ import numpy as np
 from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalDataset
-from .errors import DataError
+from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, evaluate
 from .evaluation.table import format_table
-from .training.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
+from .training.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint, unprefixed
 from .training.run_dir import RunDir, load_run_model
 from .training.setup import load_table, resolve_device
 
@@ -41,6 +41,63 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
               "metrics": metrics, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     atomic_write_text(run.test_metrics, json.dumps(record, indent=2))
     return record
+
+
+def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,
+                            progress: bool = True) -> dict[str, Any]:
+    """Test metrics of the model's embedding, of each auxiliary embedding its objective computes (HORDE's
+    per-order embeddings, thesis Tables 5.3-5.5) and of their concatenation reduced by a PCA fitted on the
+    training split (HORDE's †); writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
+    from .evaluation.auxiliary import concat_pca, embed_with_objective
+    from .evaluation.evaluator import split_metrics
+    from .losses import build_objective
+
+    run = RunDir(run_dir)
+    config = run.config()
+    device = resolve_device(config.train.device)
+    model, _, checkpoint = load_run_model(run.path, which, device)
+    tensors, state = load_checkpoint(checkpoint)
+    table, _ = load_table(config, progress)
+    objective = build_objective(config.loss, model.head, len(table.classes("train"))).to(device)
+    objective_state = unprefixed("objective", tensors)
+    if objective.state_dict() and not objective_state:
+        raise CheckpointError(f"{checkpoint} holds no objective state (it predates saving it); use --checkpoint last")
+    objective.load_state_dict(objective_state)
+    d = config.data
+    options = (d.image_size, d.test_resize, config.eval.batch_size, device, d.num_workers, progress)
+    test_part = table.split("test")
+    test = embed_with_objective(model, objective, test_part, *options, desc="embedding test")
+    rows = {name: split_metrics(values, test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
+            for name, values in test.items()}
+    if len(test) > 1:
+        train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
+        rows[f"concatenation, PCA {pca_dim} (fit on train)"] = split_metrics(
+            concat_pca(train, test, pca_dim), test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
+    record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
+              "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
+              "embeddings": rows, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    atomic_write_text(run.path / "metrics-all-embeddings.json", json.dumps(record, indent=2))
+    return record
+
+
+def add_regularizers(config: RunConfig, names: list[str]) -> None:
+    """Add regularisers ``names`` to ``config.loss`` with their default options (``--regularizer NAME``).
+
+    Regularisers the config already sets keep their options; when the config leaves them to the head
+    (``loss.regularizers`` unset), the head's defaults are kept beside the new ones.
+    """
+    from .losses import REGULARIZERS
+    from .models.heads import head_class
+
+    current = config.loss.regularizers
+    if current is None:
+        current = {k: dict(v) for k, v in head_class(config.model.head).default_regularizers.items()}
+    for name in names:
+        if name not in REGULARIZERS:
+            raise ConfigError(f"unknown regularizer '{name}'{did_you_mean(name, REGULARIZERS)}; known: "
+                              f"{', '.join(REGULARIZERS)}")
+        current.setdefault(name, {})
+    config.loss.regularizers = current
 
 
 def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:

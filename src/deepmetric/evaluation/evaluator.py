@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -12,14 +12,18 @@ from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..distributed import DistContext, gather_rows, shard_rows
+from ..models.heads import HeadOutput
 from .metrics import compute_metrics
 
 
 @torch.no_grad()
-def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int, test_resize: str = "resize",
-                batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-                progress: bool = True, desc: str = "embedding", context: DistContext | None = None) -> np.ndarray:
-    """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order.
+def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, image_size: int,
+                  select: Callable[[HeadOutput], dict[str, torch.Tensor]], test_resize: str = "resize",
+                  batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
+                  progress: bool = True, desc: str = "embedding",
+                  context: DistContext | None = None) -> dict[str, np.ndarray]:
+    """``{name: (N, D) float32}`` for every row of ``table``, in row order: ``select`` picks the named
+    tensors of each batch's ``HeadOutput`` (the model runs in eval mode).
 
     Under torch.distributed (``context``) each rank embeds rows ``rank::world`` and every rank gets all N."""
     context = context or DistContext()
@@ -28,14 +32,24 @@ def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int
     loader = inference_loader(dataset, batch_size, num_workers)
     was_training = model.training
     model.eval()
-    chunks = []
+    chunks: dict[str, list[torch.Tensor]] = {}
     try:
         for images, _, _ in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
-            chunks.append(model(images.to(device)).embedding.float().cpu())
+            for name, value in select(model(images.to(device))).items():
+                chunks.setdefault(name, []).append(value.float().cpu())
     finally:
         model.train(was_training)
-    local = torch.cat(chunks) if chunks else torch.zeros(0, model.embedding_dim)
-    return gather_rows(local.to(device), len(table), context).cpu().numpy()
+    return {name: gather_rows(torch.cat(values).to(device), len(table), context).cpu().numpy()
+            for name, values in chunks.items()}
+
+
+def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int, test_resize: str = "resize",
+                batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
+                progress: bool = True, desc: str = "embedding", context: DistContext | None = None) -> np.ndarray:
+    """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order (all N on every rank)."""
+    embeddings = embed_outputs(model, table, image_size, lambda output: {"embedding": output.embedding},
+                               test_resize, batch_size, device, num_workers, progress, desc, context)
+    return embeddings.get("embedding", np.zeros((0, getattr(model, "embedding_dim", 0)), dtype=np.float32))
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Sequence[int],

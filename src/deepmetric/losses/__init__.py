@@ -9,7 +9,8 @@
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
 
-Regularisers (``loss.regularizers.<name>``): ``diversity`` (DGML eq. 4, ``diversity.py``).
+Regularisers (``loss.regularizers.<name>``): ``diversity`` (DGML eq. 4, ``diversity.py``), ``horde``
+(``horde.py``, thesis ch. 5).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from .contrastive import ContrastiveLoss, EuclideanContrastiveLoss
 from .deml_diversity import DeMLAdversary, DeMLPairHinge
 from .divergence import ABEDivergenceLoss
 from .diversity import DiversityLoss
+from .horde import HordeRegularizer
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
 from .regularizers import REGULARIZERS, build_regularizer, register_regularizer
 from .triplet import TripletLoss
+
+register_regularizer("horde", HordeRegularizer)
 
 LOSSES: dict[str, type[nn.Module]] = {
     "contrastive": ContrastiveLoss,
@@ -50,7 +54,7 @@ register_regularizer("learner-row-norm", LearnerRowNorm)
 
 __all__ = [
     "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss", "ContrastiveLoss",
-    "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss", "LearnerRowNorm",
+    "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss", "HordeRegularizer", "LearnerRowNorm",
     "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective",
     "build_regularizer", "register_regularizer",
 ]
@@ -83,5 +87,10 @@ def build_objective(config: Any, head: nn.Module, num_classes: int | None = None
     copies = getattr(head, "num_parts", 1) if on == "parts" else 1
     losses = [build_loss(config.name, config.options, num_classes) for _ in range(copies)]
     specs = config.regularizers if config.regularizers is not None else getattr(head, "default_regularizers", {})
-    regularizers = {name: build_regularizer(name, options, head, num_classes) for name, options in specs.items()}
+
+    def metric_loss() -> nn.Module:
+        return build_loss(config.name, config.options, num_classes)
+
+    regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
+                    for name, options in specs.items()}
     return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers)

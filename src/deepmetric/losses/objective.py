@@ -3,6 +3,10 @@
 The metric loss is ``loss(embeddings, labels) -> scalar``; a regulariser is
 ``reg(output: HeadOutput, labels) -> scalar``. The trainer calls ``objective(output, labels)`` and never
 looks at which head, loss or regulariser it has. Each term is returned unweighted, for the logs.
+
+A regulariser that computes embeddings of its own (HORDE's per-order embeddings) may expose them with
+``embeddings(output) -> {name: (B, D)}``; ``Objective.auxiliary_embeddings`` collects them for
+evaluation-side uses (per-order retrieval, concatenation + PCA) without knowing the regulariser.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ class Objective(nn.Module):
                   for i, part in enumerate(output.parts)]
         total = torch.stack(losses).sum()
         return total / len(losses) if self.parts_reduction == "mean" else total
+
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """``{"<regulariser>.<name>": (B, D)}`` from every regulariser that exposes ``embeddings``."""
+        found = {}
+        for reg_name, regularizer in self.regularizers.items():
+            if callable(getattr(regularizer, "embeddings", None)):
+                found.update({f"{reg_name}.{k}": v for k, v in regularizer.embeddings(output).items()})
+        return found
 
     def forward(self, output: HeadOutput, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Return the total loss and its terms (unweighted), e.g. ``{"metric": ..., "divergence": ...}``."""

@@ -2,12 +2,15 @@
 
 A method registers its regulariser class here (e.g. ABE's divergence loss, DGML's diversity loss); the
 class is built with the options of ``loss.regularizers.<name>`` (all but ``weight``) and, when its
-constructor asks for them, ``head`` (the model's head) and ``num_classes`` (training classes).
+constructor asks for them, ``head`` (the model's head), ``num_classes`` (training classes) and
+``metric_loss`` (a function returning a new copy of the run's metric loss, for regularisers that put
+the metric loss on embeddings of their own, e.g. HORDE's per-order embeddings).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -23,7 +26,8 @@ def register_regularizer(name: str, cls: type[nn.Module]) -> type[nn.Module]:
 
 
 def build_regularizer(name: str, options: dict[str, Any], head: nn.Module | None = None,
-                      num_classes: int | None = None) -> tuple[nn.Module, float]:
+                      num_classes: int | None = None,
+                      metric_loss: Callable[[], nn.Module] | None = None) -> tuple[nn.Module, float]:
     """``(module, weight)`` for ``loss.regularizers.<name>``; unknown names and options are named."""
     if name not in REGULARIZERS:
         known = ", ".join(REGULARIZERS) or "none registered"
@@ -32,7 +36,7 @@ def build_regularizer(name: str, options: dict[str, Any], head: nn.Module | None
     weight = float(options.pop("weight", 1.0))
     cls = REGULARIZERS[name]
     parameters = inspect.signature(cls.__init__).parameters
-    provided = {"head": head, "num_classes": num_classes}
+    provided = {"head": head, "num_classes": num_classes, "metric_loss": metric_loss}
     accepted = [p for p in parameters if p not in ("self", *provided)]
     for key in options:
         if key not in accepted:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -55,6 +56,16 @@ class Embedder(nn.Module):
         self.eval()
         try:
             return self(images).embedding
+        finally:
+            self.train(was_training)
+
+    @torch.no_grad()
+    def initialize_head(self, image_batches: Iterable[torch.Tensor]) -> None:
+        """Run ``head.initialize`` on the trunk features of these image batches ((B, 3, H, W) in [0, 1])."""
+        was_training = self.training
+        self.eval()
+        try:
+            self.head.initialize(self.trunk(self.normalize(images)) for images in image_batches)
         finally:
             self.train(was_training)
 

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..config import RunConfig, save_config
-from ..data import PKSampler, TrainTransform
+from ..data import PKSampler, TestTransform, TrainTransform
 from ..data.table import RetrievalDataset
-from ..data.torch_dataset import ImageDataset, training_loader
+from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
@@ -80,6 +80,18 @@ def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int,
     raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
 
 
+def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDataset, device: torch.device) -> None:
+    """Give the head the training images it asks for (``Head.init_images``): a seeded sample, test transform."""
+    count = min(int(getattr(model.head, "init_images", 0)), len(train_part))
+    if count <= 0:
+        return
+    rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
+    dataset = ImageDataset(train_part.subset(rows), TestTransform(config.data.image_size, config.data.test_resize))
+    loader = inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+    log.info("initialising the %s head from %d training images", config.model.head, count)
+    model.initialize_head(images.to(device) for images, _, _ in loader)
+
+
 def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer, step: int,
                best: dict[str, Any]) -> None:
     optim_tensors, optim_meta = optimizer_to_flat(optimizer)
@@ -91,15 +103,18 @@ def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: to
                                         "optimizer": optim_meta, "best": best})
 
 
-def _save_best(run: RunDir, model: Embedder, step: int, score: float) -> None:
-    save_checkpoint(run.best, prefixed("model", model.state_dict()),
-                    {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
+def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, score: float) -> None:
+    """The model at its best validation score, with the objective's state (for evaluating auxiliary embeddings)."""
+    tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict())}
+    save_checkpoint(run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
 
 
-def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalDataset, device: torch.device,
-              step: int, best: dict[str, Any], bar: tqdm | None, context: DistContext) -> dict[str, Any]:
-    """Evaluate the validation split (sharded across ranks), log it, and save ``best`` when Recall@1 improves;
-    returns the new best (the same on every rank)."""
+def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Objective, table: RetrievalDataset,
+              device: torch.device, step: int, best: dict[str, Any], bar: tqdm | None,
+              context: DistContext) -> dict[str, Any]:
+    """Evaluate the validation split (sharded across ranks), log it, and save ``best`` (with the objective's
+    state, for evaluating auxiliary embeddings) when Recall@1 improves; returns the new best (the same on every
+    rank)."""
     metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
                        test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
                        num_workers=config.data.num_workers, progress=False, context=context)
@@ -110,7 +125,7 @@ def _validate(config: RunConfig, run: RunDir, model: Embedder, table: RetrievalD
     if context.is_main:
         run.append_log({"step": step, "split": "val", **metrics})
         if improved:
-            _save_best(run, model, step, score)
+            _save_best(run, model, objective, step, score)
     if bar is not None:
         bar.write(f"step {step}: validation Recall@1 {score:.4f} (best {best['score']:.4f} at step {best['step']})")
     return best
@@ -177,6 +192,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                     "rank's slice, so results differ from one process")
 
     model = build_model(config).to(device)
+    if not resume:
+        initialize_head(model, config, train_part, device)
     objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
     optimizer = build_optimizer(model, objective, t)
     start_step, best = 0, {"score": None, "step": None}
@@ -239,7 +256,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                 window_start, window_images = time.perf_counter(), 0
             bar.update(1)
             if has_val and (done % t.eval_every == 0 or done == t.steps):
-                best = _validate(config, run, model, table, device, done, best, bar if progress else None, context)
+                best = _validate(config, run, model, objective, table, device, done, best,
+                                 bar if progress else None, context)
                 window_start = time.perf_counter()  # keep validation time out of the images/s figure
             signum = _stop_requested(stop.signum, context)
             if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum):

@@ -13,6 +13,8 @@ from .dgml import AGroupingHead
 from .diablo import DIABLOHead
 from .gap import GAPHead
 from .grouping_baselines import CGroupingHead, GGroupingHead, MGroupingHead, NGroupingHead
+from .jcf import JCFHead
+from .second_order import SecondOrderHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
 
@@ -27,6 +29,8 @@ HEADS: dict[str, type[Head]] = {
     "g-grouping": GGroupingHead,
     "c-grouping": CGroupingHead,
     "deml": DeMLHead,
+    "bilinear": SecondOrderHead,
+    "jcf": JCFHead,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,13 @@ class Head(nn.Module):
 
     ``parameter_groups`` names groups of parameters that can get their own learning-rate scale and
     weight decay (``train.groups``); every parameter belongs to exactly one group.
+
+    A head that puts its local features in ``extras["feature_map"]`` sets ``feature_channels`` (their
+    channels), so that regularisers on local features (HORDE) can size themselves.
+
+    A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
+    implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
+    trunk features F of that many training images, without augmentation, batch by batch.
     """
 
     pretrained_modules: tuple[str, ...] = ()
@@ -55,6 +63,8 @@ class Head(nn.Module):
     parts_reduction: str = "mean"
     default_regularizers: dict[str, dict[str, Any]] = {}
     default_groups: dict[str, dict[str, Any]] = {}
+    feature_channels: int | None = None
+    init_images: int = 0
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
@@ -84,6 +94,9 @@ class Head(nn.Module):
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named groups covering every parameter once; the default is ``pretrained`` and ``new``."""
         return {"pretrained": self.pretrained_parameters(), "new": self.new_parameters()}
+
+    def initialize(self, feature_batches: Iterable[torch.Tensor]) -> None:
+        """Data-dependent initialisation from trunk features (B, C, h, w) of training images (default: none)."""
 
     @property
     def num_parts(self) -> int:

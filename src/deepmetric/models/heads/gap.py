@@ -4,6 +4,8 @@
 layer has no bias, as in the authors' code (ABE: ``Dense(512, use_bias=False)``) and as the ABE Table 1
 parameter count (1024 x 512 on top of GoogLeNet) requires. ``embedding_dim=0`` skips the projection:
 the l2-normalised pooled backbone features, i.e. the off-the-shelf baseline of an untrained model.
+``use_tail=False`` pools the trunk's output F itself (the tail is not run): the first-order control of
+heads that pool F at a chosen ``model.split`` (``bilinear``, ``jcf``; thesis Table 4.2's baseline).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..backbones import Backbone
 from .base import Head, HeadOutput
 
 
@@ -21,8 +24,19 @@ class GAPHead(Head):
     def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512):
         super().__init__()
         self.tail = tail
+        self.feature_channels = in_channels  # channels of extras["feature_map"], for regularisers (HORDE)
         self.embedding_dim = embedding_dim or in_channels
         self.embed = nn.Linear(in_channels, embedding_dim, bias=False) if embedding_dim else nn.Identity()
+
+    @classmethod
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, use_tail: bool = True) -> GAPHead:
+        if use_tail:
+            return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim)
+        return cls(tail=nn.Identity(), in_channels=backbone.channels, embedding_dim=embedding_dim)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return ["use_tail"]
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         feature_map = self.tail(features)  # (B, C, h, w)

@@ -1,0 +1,48 @@
+"""Evaluating the embeddings an objective computes beside the model's own (e.g. HORDE's per-order ones).
+
+``embed_with_objective`` embeds a split with the model and every auxiliary embedding of the objective
+(``Objective.auxiliary_embeddings``); ``concat_pca`` builds the HORDE "†" representation (thesis §5.4.1):
+the concatenation of all embeddings reduced by a PCA. Decisions the thesis leaves open: the l2-normalised
+per-order embeddings are concatenated; the PCA is fitted on the **training** split (the test classes stay
+unseen), centred, not whitened; the result is l2-normalised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..data.table import RetrievalDataset
+from ..errors import DeepMetricError
+from .evaluator import embed_outputs
+
+
+def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, table: RetrievalDataset,
+                         image_size: int, test_resize: str = "resize", batch_size: int = 128,
+                         device: str | torch.device = "cpu", num_workers: int = 0, progress: bool = True,
+                         desc: str = "embedding") -> dict[str, np.ndarray]:
+    """``{"embedding": model's, "<regulariser>.<name>": ...}`` for every row of ``table``."""
+    was_training = objective.training
+    objective.eval()
+    try:
+        return embed_outputs(model, table, image_size,
+                             lambda output: {"embedding": output.embedding, **objective.auxiliary_embeddings(output)},
+                             test_resize, batch_size, device, num_workers, progress, desc)
+    finally:
+        objective.train(was_training)
+
+
+def concat_pca(fit: dict[str, np.ndarray], apply: dict[str, np.ndarray], dim: int = 512) -> np.ndarray:
+    """Concatenate the embeddings (same keys in both), PCA to ``dim`` fitted on ``fit``, then l2."""
+    from sklearn.decomposition import PCA
+
+    if set(fit) != set(apply):
+        raise DeepMetricError(f"concat_pca: the fit set has embeddings {sorted(fit)}, the other {sorted(apply)}")
+    keys = sorted(fit)
+    train = np.concatenate([fit[k] for k in keys], axis=1)
+    if dim > min(train.shape):
+        raise DeepMetricError(f"concat_pca: cannot keep {dim} components of {train.shape[0]} fit vectors of "
+                              f"dimension {train.shape[1]}")
+    pca = PCA(n_components=dim, svd_solver="full").fit(train)
+    reduced = pca.transform(np.concatenate([apply[k] for k in keys], axis=1))
+    return (reduced / np.linalg.norm(reduced, axis=1, keepdims=True).clip(1e-12)).astype(np.float32)

@@ -1,0 +1,81 @@
+"""HORDE: high-order regularisation of the local features (thesis ch. 5, ICCV 2019).
+
+Training-only. From the local feature map the head exposes (``HeadOutput.extras["feature_map"]``), the
+moment approximations of orders k = 2..K are pooled after the products (``HighOrderMoments``, eq. 5.4-5.8),
+each is embedded by its own linear layer without bias (d -> 512) and l2-normalised, and the run's metric
+loss is put on every order with unit weights (eq. 5.9):
+
+    L = L_DML(first-order embedding) + sum_{k=2..K} L_k(e_k),   e_k = l2(E_k^T mean_i phi_k(x_i))
+
+The first term is the objective's metric loss; this regulariser returns the sum (``reduction="mean"``
+divides it by K - 1, the weighting the authors' code uses for ABE + HORDE). Add it with
+``loss.regularizers: {horde: {...}}`` or ``deepmetric train --regularizer horde``.
+
+- **Which loss**: by default each order gets its own copy of the run's metric loss (``loss.name`` and
+  ``loss.options``, built by the objective through the ``metric_loss`` factory every regulariser may ask
+  for), as the thesis does (L_k = L_DML); ``loss`` / ``loss_options`` choose another.
+- **Test time**: the head is untouched, so the retrieval embedding is the head's own first-order one
+  (eq. 5.10) and the HORDE parameters, which live in the objective, are not part of the model.
+  ``embeddings(output)`` gives the per-order embeddings for per-order evaluation and the † variant
+  (``deepmetric evaluate RUN --all-embeddings``).
+- **Defaults**: K = 5 (orders 2..5, the authors' ``run_cub.sh``), d = 8192, 512-d embeddings (the head's
+  embedding size), ``mode="cascaded"`` (Algorithm 1), no 1/sqrt(d) factor (the authors' code; the factor
+  is a positive constant in front of the pooled moments, which the linear embedding and the l2
+  normalisation cancel exactly, so it changes the range of the values only, not the loss or its
+  gradients). ``embedding_dim=0`` drops the per-order embeddings (Table 5.3: the loss acts on the
+  l2-normalised d-dimensional moments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..models.heads import HeadOutput
+from ..models.high_order import HighOrderMoments
+
+
+class HordeRegularizer(nn.Module):
+    def __init__(self, head: nn.Module, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
+                 orders: int = 5, dim: int = 8192, mode: str = "cascaded", embedding_dim: int | None = None,
+                 scale: bool = False, seed: int = 0, reduction: str = "sum", loss: str | None = None,
+                 loss_options: dict[str, Any] | None = None):
+        super().__init__()
+        channels = getattr(head, "feature_channels", None)
+        if not channels:
+            raise ConfigError(f"regularizer 'horde' needs a head that exposes its local feature map "
+                              f"(extras['feature_map'] and feature_channels); head {type(head).__name__} does not")
+        if reduction not in ("sum", "mean"):
+            raise ConfigError(f"regularizer 'horde': reduction must be 'sum' or 'mean', got '{reduction}'")
+        if loss is None and loss_options:
+            raise ConfigError("regularizer 'horde': loss_options needs loss (the name of the loss they configure)")
+        self.moments = HighOrderMoments(channels, orders=orders, dim=dim, mode=mode, scale=scale, seed=seed)
+        embedding_dim = getattr(head, "embedding_dim", 512) if embedding_dim is None else embedding_dim
+        self.embed = nn.ModuleList(
+            nn.Linear(dim, embedding_dim, bias=False) if embedding_dim else nn.Identity() for _ in range(orders - 1))
+        if loss is not None:
+            from . import build_loss
+
+            def metric_loss() -> nn.Module:
+                return build_loss(loss, loss_options, num_classes)
+        self.losses = nn.ModuleList(metric_loss() for _ in range(orders - 1))
+        self.reduction = reduction
+
+    def embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """``{"order2": e_2, ..., "orderK": e_K}``, each (B, D) l2-normalised."""
+        feature_map = output.extras.get("feature_map")
+        if feature_map is None:
+            raise ConfigError("regularizer 'horde' needs extras['feature_map'] in the head's output")
+        pooled = self.moments(feature_map)
+        return {f"order{k}": F.normalize(layer(m), dim=1)
+                for k, (layer, m) in enumerate(zip(self.embed, pooled, strict=True), start=2)}
+
+    def forward(self, output: HeadOutput, labels: torch.Tensor) -> torch.Tensor:
+        per_order = [loss(e, labels) for loss, e in zip(self.losses, self.embeddings(output).values(), strict=True)]
+        total = torch.stack(per_order).sum()
+        return total / len(per_order) if self.reduction == "mean" else total

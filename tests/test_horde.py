@@ -1,0 +1,287 @@
+"""HORDE (thesis ch. 5): Random Maclaurin moments, the cascade, pooling after the products, the regulariser."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deepmetric import create_model
+from deepmetric.config import build_config
+from deepmetric.errors import ConfigError
+from deepmetric.losses import BinomialDevianceLoss, ContrastiveLoss, HordeRegularizer, TripletLoss, build_objective
+from deepmetric.models.high_order import HighOrderMoments, rademacher
+
+X = torch.tensor([0.9, -0.4, 1.1, 0.3])
+Y = torch.tensor([0.7, 0.5, 0.8, -0.6])  # <X, Y> = 1.1 (not close to 0 or 1, so the powers differ)
+
+
+def rm_estimates(k: int, dim: int, seeds: range, scale: bool = False) -> torch.Tensor:
+    """(1/d) <phi_k(X), phi_k(Y)> (or <phi_k(X), phi_k(Y)> with the 1/sqrt(d) factor) for each seed."""
+    values = []
+    for seed in seeds:
+        moments = HighOrderMoments(4, orders=k, dim=dim, mode="rm_fixed", scale=scale, seed=seed)
+        phi = moments.locations(torch.stack([X, Y]))[-1]
+        values.append((phi[0] * phi[1]).sum() / (1 if scale else dim))
+    return torch.stack(values).double()
+
+
+def test_one_rademacher_draw_is_unbiased_exactly():
+    """eq. 5.1-5.2: over all 2^(c k) sign patterns, the mean of phi_k(x) phi_k(y) is <x, y>^k exactly."""
+    x, y = X[:3], Y[:3]
+    for k in (2, 3):
+        moments = HighOrderMoments(3, orders=k, dim=1, mode="cascaded")  # the cascade with ±1 matrices is RM
+        total = 0.0
+        patterns = list(itertools.product((-1.0, 1.0), repeat=3 * k))
+        for signs in patterns:
+            with torch.no_grad():
+                moments.weight.copy_(torch.tensor(signs).view(3, k))
+            phi = moments.locations(torch.stack([x, y]))[-1]
+            total += phi[0, 0].item() * phi[1, 0].item()
+        assert total / len(patterns) == pytest.approx(float(x @ y) ** k, rel=1e-5)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_random_maclaurin_is_unbiased_with_variance_falling_like_one_over_d(k):
+    """eq. 5.5: (1/d) <phi_k(x), phi_k(y)> -> <x, y>^k; its variance over draws scales like 1/d (§5.5.4)."""
+    target = float(X @ Y) ** k
+    small, large = rm_estimates(k, 16, range(600)), rm_estimates(k, 64, range(600, 1200))
+    for values in (small, large):
+        standard_error = values.std() / math.sqrt(len(values))
+        assert abs(values.mean() - target) < 4 * standard_error
+    ratio = small.var() / large.var()
+    assert 3.0 < ratio < 5.3  # 4 expected
+    # Algorithm 1's 1/sqrt(d) factor: <phi_k(x), phi_k(y)> itself estimates <x, y>^k
+    scaled = rm_estimates(k, 64, range(600, 1200), scale=True)
+    assert torch.allclose(scaled, large, rtol=1e-5)
+
+
+def test_cascade_equals_the_explicit_product_of_projections():
+    """eq. 5.6 / Algorithm 1: phi_k = phi_{k-1} ⊙ W_k^T x is (W_1^T x) ⊙ ... ⊙ (W_k^T x)."""
+    moments = HighOrderMoments(6, orders=5, dim=10, mode="cascaded")
+    x = torch.randn(7, 6)
+    w = moments.weight.view(6, 5, 10)
+    for k, phi in enumerate(moments.locations(x), start=2):
+        explicit = torch.ones(7, 10)
+        for j in range(k):
+            explicit = explicit * (x @ w[:, j])
+        assert torch.allclose(phi, explicit, rtol=1e-5, atol=1e-6)
+    assert moments.num_matrices == 5
+
+
+def test_non_cascaded_orders_own_their_matrices():
+    learned = HighOrderMoments(6, orders=4, dim=10, mode="learned")
+    assert learned.num_matrices == 2 + 3 + 4
+    x = torch.randn(3, 6)
+    w = learned.weight.view(6, 9, 10)
+    phi3 = learned.locations(x)[1]
+    assert torch.allclose(phi3, (x @ w[:, 2]) * (x @ w[:, 3]) * (x @ w[:, 4]), rtol=1e-5, atol=1e-6)
+
+
+def test_projection_is_the_one_by_one_convolution_at_every_location():
+    moments = HighOrderMoments(5, orders=3, dim=4, mode="cascaded")
+    feature_map = torch.randn(2, 5, 3, 4)
+    x = feature_map.permute(0, 2, 3, 1).reshape(-1, 5)
+    conv = F.conv2d(feature_map, moments.weight.t().reshape(-1, 5, 1, 1))  # (B, M d, h, w)
+    as_rows = conv.permute(0, 2, 3, 1).reshape(-1, moments.num_matrices, 4)
+    assert torch.allclose(moments.projections(x), as_rows, atol=1e-5)
+    for b, i, j in [(0, 0, 0), (1, 2, 3)]:  # the per-location matrix product W_m^T x_ij
+        local = feature_map[b, :, i, j] @ moments.weight
+        assert torch.allclose(conv[b, :, i, j], local, atol=1e-5)
+
+
+def test_moments_are_pooled_after_the_products():
+    """eq. 5.8: m_k = mean_i phi_k(x_i) (for any memory layout), which is not phi_k(mean_i x_i)."""
+    torch.manual_seed(1)
+    moments = HighOrderMoments(5, orders=3, dim=8, mode="cascaded")
+    feature_map = torch.rand(2, 5, 3, 3)
+    pooled = moments(feature_map)
+    pooled_nhwc = moments(feature_map.contiguous(memory_format=torch.channels_last))
+    for b in range(2):
+        local = [moments.locations(feature_map[b, :, i, j][None]) for i in range(3) for j in range(3)]
+        for order in range(2):
+            after = torch.stack([phis[order][0] for phis in local]).mean(0)
+            before = moments.locations(feature_map[b].mean(dim=(1, 2))[None])[order][0]
+            assert torch.allclose(pooled[order][b], after, rtol=1e-5, atol=1e-7)
+            assert torch.allclose(pooled_nhwc[order][b], after, rtol=1e-5, atol=1e-7)
+            assert (pooled[order][b] - before).abs().max() > 0.05 * after.abs().max()
+    # permuting the locations changes nothing (GAP is symmetric)
+    shuffled = feature_map.flatten(2)[:, :, torch.randperm(9)].view(2, 5, 3, 3)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(moments(shuffled), pooled, strict=True))
+
+
+def test_parameter_counts_of_the_three_modes():
+    """Thesis sizes c = 1024, d = 8192, K = 5: K matrices cascaded, 2+3+4+5 learned, none trained for rm_fixed."""
+    with torch.device("meta"):
+        cascaded = HighOrderMoments(1024, 5, 8192, "cascaded")
+        learned = HighOrderMoments(1024, 5, 8192, "learned")
+    assert sum(p.numel() for p in cascaded.parameters()) == 41_943_040
+    assert sum(p.numel() for p in learned.parameters()) == 117_440_512
+    fixed = HighOrderMoments(16, 5, 32, "rm_fixed")
+    assert list(fixed.parameters()) == [] and fixed.state_dict() == {}
+    assert torch.equal(HighOrderMoments(16, 5, 32, "rm_fixed", seed=3).weight, rademacher(16, 14 * 32, 3))
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        HighOrderMoments(16, 5, 32, "cascade")
+    with pytest.raises(ConfigError, match="orders must be at least 2"):
+        HighOrderMoments(16, 1, 32)
+
+
+def tiny_output(seed=0, embedding_dim=8):
+    torch.manual_seed(seed)
+    model = create_model("tiny", pretrained=False, embedding_dim=embedding_dim)
+    images = torch.rand(8, 3, 32, 32)
+    labels = torch.arange(4).repeat_interleave(2)
+    return model, model(images), labels
+
+
+def horde_objective(model, run_loss="binomial", run_options=None, **horde):
+    config = build_config({"loss": {"name": run_loss, "options": run_options or {},
+                                    "regularizers": {"horde": horde}}})
+    return build_objective(config.loss, model.head, num_classes=4)
+
+
+def test_regularizer_is_the_run_loss_on_every_order_with_unit_weights():
+    """eq. 5.9: L_HORDE = sum_k L_DML(l2(E_k mean_i phi_k(x_i))), one copy of the run's loss per order."""
+    model, output, labels = tiny_output()
+    objective = horde_objective(model, "contrastive", {"margin": 0.3}, orders=4, dim=16)
+    horde = objective.regularizers["horde"]
+    assert [type(loss) for loss in horde.losses] == [ContrastiveLoss] * 3
+    assert all(loss.margin == 0.3 for loss in horde.losses) and len({id(loss) for loss in horde.losses}) == 3
+    pooled = horde.moments(output.extras["feature_map"])
+    by_hand = sum(ContrastiveLoss(margin=0.3)(F.normalize(layer(m), dim=1), labels)
+                  for layer, m in zip(horde.embed, pooled, strict=True))
+    total, terms = objective(output, labels)
+    assert terms["horde"].item() == pytest.approx(by_hand.item(), rel=1e-5)
+    assert total.item() == pytest.approx((terms["metric"] + terms["horde"]).item(), rel=1e-6)
+    mean = horde_objective(model, "contrastive", {"margin": 0.3}, orders=4, dim=16, reduction="mean")
+    mean.load_state_dict(objective.state_dict())
+    assert mean(output, labels)[1]["horde"].item() == pytest.approx(by_hand.item() / 3, rel=1e-5)
+    other = horde_objective(model, orders=3, dim=16, loss="triplet", loss_options={"margin": 0.2})
+    assert [type(loss) for loss in other.regularizers["horde"].losses] == [TripletLoss] * 2
+    assert type(other.metric_losses[0]) is BinomialDevianceLoss
+
+
+def test_regularizer_without_per_order_embeddings_and_option_errors():
+    """Table 5.3: fixed RM, no embedding layer: the loss acts on the l2-normalised d-dimensional moments."""
+    model, output, labels = tiny_output()
+    objective = horde_objective(model, orders=3, dim=24, mode="rm_fixed", embedding_dim=0)
+    embeddings = objective.auxiliary_embeddings(output)
+    assert list(embeddings) == ["horde.order2", "horde.order3"]
+    assert all(e.shape == (8, 24) and torch.allclose(e.norm(dim=1), torch.ones(8)) for e in embeddings.values())
+    assert [p for p in objective.parameters()] == []
+    with pytest.raises(ConfigError, match="no option 'order'.*did you mean 'orders'"):
+        horde_objective(model, order=3)
+    with pytest.raises(ConfigError, match="loss_options needs loss"):
+        horde_objective(model, loss_options={"margin": 0.1})
+
+
+def test_the_one_over_sqrt_d_factor_changes_neither_loss_nor_gradients():
+    model, output, labels = tiny_output()
+    plain = horde_objective(model, orders=4, dim=32)
+    scaled = horde_objective(model, orders=4, dim=32, scale=True)
+    scaled.load_state_dict(plain.state_dict())
+    values = []
+    for objective in (plain, scaled):
+        objective.zero_grad()
+        loss = objective.regularizers["horde"](output, labels)
+        loss.backward(retain_graph=True)
+        values.append((loss.item(), [p.grad.clone() for p in objective.parameters()]))
+    assert values[0][0] == pytest.approx(values[1][0], rel=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-8) for a, b in zip(values[0][1], values[1][1], strict=True))
+
+
+@pytest.mark.parametrize("mode", ["cascaded", "learned"])
+def test_every_horde_parameter_gets_a_gradient(mode):
+    model, output, labels = tiny_output()
+    objective = horde_objective(model, orders=3, dim=16, mode=mode)
+    total, _ = objective(output, labels)
+    total.backward()
+    named = dict(objective.named_parameters())
+    assert set(named) == {"regularizers.horde.moments.weight", "regularizers.horde.embed.0.weight",
+                          "regularizers.horde.embed.1.weight"}
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in named.values())
+
+
+def test_a_head_without_a_feature_map_is_refused():
+    model, _, _ = tiny_output()
+    model.head.feature_channels = None
+    with pytest.raises(ConfigError, match="needs a head that exposes its local feature map"):
+        horde_objective(model)
+
+
+def test_horde_leaves_the_first_order_embedding_bit_identical():
+    """eq. 5.10: computing the regulariser does not touch the embedding the head returns."""
+    model, output, labels = tiny_output()
+    model.eval()
+    images = torch.rand(8, 3, 32, 32)
+    output = model(images)
+    before = output.embedding.clone()
+    objective = horde_objective(model, orders=3, dim=16)
+    objective(output, labels)
+    head = model.head
+    by_hand = F.normalize(head.embed(head.tail(model.trunk(model.normalize(images))).mean(dim=(2, 3))), dim=1)
+    assert torch.equal(output.embedding, before) and torch.equal(before, model(images).embedding)
+    assert torch.equal(before, by_hand)
+    assert isinstance(objective.regularizers["horde"], HordeRegularizer)
+
+
+def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys):
+    """--regularizer horde through the CLI; the checkpointed model is the plain GAP model (HORDE discarded);
+    its test-time embedding is bit-identical with and without the objective attached; per-order + PCA rows."""
+    import json
+
+    import numpy as np
+
+    from deepmetric.cli import main
+    from deepmetric.evaluation import embed_table
+    from deepmetric.evaluation.auxiliary import embed_with_objective
+    from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+    from deepmetric.training.run_dir import RunDir, load_run_model
+    from deepmetric.training.setup import load_table
+    from test_cli import TINY
+
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--out", str(out), "--no-test", "--regularizer", "horde",
+            "loss.regularizers.horde.dim=32", "loss.regularizers.horde.orders=3"]
+    assert main(argv) == 0
+    run = RunDir(out)
+    assert run.config().loss.regularizers == {"horde": {"dim": 32, "orders": 3}}
+    assert all("horde" in record for record in run.read_log() if "loss" in record)
+    tensors, _ = load_checkpoint(run.last)
+    plain = create_model("tiny", pretrained=False, embedding_dim=16)
+    assert set(unprefixed("model", tensors)) == set(plain.state_dict())
+    assert any(key.startswith("objective.regularizers.horde.") for key in tensors)
+
+    model, config, _ = load_run_model(out, "last")
+    table = load_table(config)[0].split("test").subset(np.arange(20))
+    objective = build_objective(config.loss, model.head, num_classes=5)
+    objective.load_state_dict(unprefixed("objective", tensors))
+    alone = embed_table(model, table, 16, progress=False)
+    attached = embed_with_objective(model, objective, table, 16, progress=False)
+    assert np.array_equal(alone, attached["embedding"])
+    assert list(attached) == ["embedding", "horde.order2", "horde.order3"]
+
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--all-embeddings", "--pca-dim", "8", "--json", "--quiet"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert list(rows) == ["embedding", "horde.order2", "horde.order3", "concatenation, PCA 8 (fit on train)"]
+    assert all(0 <= row["recall@1"] <= 1 for row in rows.values())
+    assert (out / "metrics-all-embeddings.json").is_file()
+
+
+def test_regularizer_flag_adds_defaults_and_keeps_configured_options(monkeypatch):
+    from deepmetric.models.heads.gap import GAPHead
+    from deepmetric.workflows import add_regularizers
+
+    config = build_config({"loss": {"regularizers": {"horde": {"dim": 64}}}})
+    add_regularizers(config, ["horde"])
+    assert config.loss.regularizers == {"horde": {"dim": 64}}
+    monkeypatch.setattr(GAPHead, "default_regularizers", {"other": {"weight": 0.5}})
+    config = build_config({})
+    add_regularizers(config, ["horde"])
+    assert config.loss.regularizers == {"other": {"weight": 0.5}, "horde": {}}
+    with pytest.raises(ConfigError, match="unknown regularizer 'hord'.*did you mean 'horde'"):
+        add_regularizers(build_config({}), ["hord"])
