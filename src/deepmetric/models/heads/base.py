@@ -79,10 +79,18 @@ class Head(nn.Module):
 
     @classmethod
     def option_names(cls) -> list[str]:
-        """The head's options: the keywords of its own ``from_backbone`` if it has one, else of ``__init__``."""
+        """The head's options: the keywords of its own ``from_backbone`` if it has one, and those of
+        ``__init__`` when there is none or it forwards ``**options``."""
         own_builder = cls.from_backbone.__func__ is not Head.from_backbone.__func__  # type: ignore[attr-defined]
-        builder = cls.from_backbone if own_builder else cls.__init__
-        return [p for p in inspect.signature(builder).parameters if p not in PROVIDED_ARGUMENTS]
+        builders = [cls.from_backbone, cls.__init__] if own_builder else [cls.__init__]
+        names: list[str] = []
+        for builder in builders:
+            parameters = inspect.signature(builder).parameters.values()
+            names += [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                      and p.name not in PROVIDED_ARGUMENTS and p.name not in names]
+            if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+                break
+        return names
 
     def pretrained_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.pretrained_modules for p in getattr(self, name).parameters()]
