@@ -79,6 +79,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.no_test:
         record = evaluate_run(out, progress=not args.quiet)
         print(results_table(out, record))
+        if config.eval.report:
+            from .report import build_report
+
+            print(f"report: {build_report(out, progress=not args.quiet)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    print(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
     return 0
 
 
@@ -237,6 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="override the study's output folder")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_study)
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "
+                       "embedding map, config",
+                       description="Write one self-contained HTML page about a run (figures embedded as PNG): "
+                       "training curves, test metrics and the Recall@K curve, random test queries with their top 8, "
+                       "attention overlays (heads with attention), a t-SNE map of test embeddings, the config. "
+                       "deepmetric train writes it after the test evaluation (eval.report=false turns that off).")
+    p.add_argument("run_dir")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("explain", help="overlay each group's attention map on images (heads with attention)",
                        description="Draw what a run's head attends to: per image, every group's attention map "
                        "upsampled and overlaid (--images), and per group the images of a data set split with the "

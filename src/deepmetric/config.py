@@ -129,6 +129,8 @@ class EvalConfig:
     """kNN engine: auto (faiss when installed), torch or faiss; both rank identically."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
+    report: bool = True
+    """After the test evaluation of ``deepmetric train``, write ``RUN/report.html`` (``deepmetric report``)."""
 
 
 @dataclass

@@ -1,0 +1,116 @@
+"""``RUN/report.html``: curves, Recall@K, a retrieval grid, attention overlays, an embedding map and the config.
+
+Self-contained: every figure is a PNG embedded as a base64 data URI, so the file can be mailed or opened
+anywhere. The test split is embedded once with the run's evaluated checkpoint (``best`` when the run had
+a validation split, else ``last``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from ..evaluation import embed_table
+from ..evaluation.table import metric_label
+from ..training.checkpoint import atomic_write_text
+from ..training.run_dir import RunDir, load_run_model
+from ..training.setup import load_table, resolve_device
+from . import figures
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; } td, th { padding: 4px 10px; border-bottom: 1px solid #eee; }
+th { text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; } pre { background: #f6f6f6; padding: 1em; overflow: auto; font-size: 0.8em; }
+.note { color: #666; font-size: 0.85em; }
+"""
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _metrics_table(rows: dict[str, dict[str, float]]) -> str:
+    keys = list(dict.fromkeys(k for metrics in rows.values() for k in metrics))
+    head = "".join(f"<th>{html.escape(metric_label(k))}</th>" for k in keys)
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td>"
+        + "".join(f'<td class="num">{100 * m[k]:.2f}</td>' if k in m else "<td></td>" for k in keys) + "</tr>"
+        for name, m in rows.items())
+    return f"<table><tr><th></th>{head}</tr>{body}</table>"
+
+
+def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test_resize: str,
+                        device: torch.device, count: int = 4, seed: int = 0) -> str:
+    """Overlays of the head's attention maps on a few test images, or '' for heads without maps."""
+    from ..data.transforms import TestTransform
+    from ..viz.overlays import image_overlays
+
+    rows = np.random.default_rng(seed + 1).choice(len(table), size=min(count, len(table)), replace=False)
+    transform = TestTransform(image_size, test_resize)
+    images = torch.stack([transform(table.image(int(r))) for r in rows]).to(device)
+    with torch.no_grad():
+        maps = model.eval()(images).attention
+    if maps is None:
+        return ""
+    parts = []
+    for i in range(len(rows)):
+        shown = images[i].permute(1, 2, 0).clamp(0, 1).cpu().numpy()
+        parts.append(_img(image_overlays(shown, maps[i].cpu(), title=table.describe(int(rows[i]))),
+                          f"attention maps of test image {int(rows[i])}"))
+    return "<h2>Attention</h2><p class='note'>Each map upsampled to the input and overlaid.</p>" + "".join(parts)
+
+
+def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True) -> Path:
+    """Write ``RUN/report.html`` and return its path."""
+    run = RunDir(run_dir)
+    config = run.config()
+    device = resolve_device(config.train.device)
+    model, _, checkpoint = load_run_model(run.path, which, device)
+    test, _ = load_table(config, progress, only_split="test")
+    embeddings = embed_table(model, test, config.data.image_size, config.data.test_resize, config.eval.batch_size,
+                             device, config.data.num_workers, progress, desc="embedding test")
+    log = run.read_log()
+    results: dict[str, dict[str, float]] = {}
+    if run.baseline.is_file():
+        results["untrained backbone"] = json.loads(run.baseline.read_text())["metrics"]
+    if run.test_metrics.is_file():
+        record = json.loads(run.test_metrics.read_text())
+        results[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
+    m = config.model
+    sections = [
+        f"<h1>deepmetric run {html.escape(run.path.name)}</h1>",
+        f"<p>{html.escape(config.data.spec)} · backbone {html.escape(m.backbone)} · head {html.escape(m.head)} · "
+        f"loss {html.escape(config.loss.name)} · {config.train.steps} steps · checkpoint "
+        f"{html.escape(checkpoint.name)} · {test.count('test'):,} test images of {len(test.classes()):,} "
+        f"unseen classes</p><p class='note'>Written {time.strftime('%Y-%m-%d %H:%M')} from {html.escape(str(run.path))}"
+        "</p>",
+        "<h2>Test metrics (%)</h2>" + (_metrics_table(results) if results else "<p>not evaluated yet</p>"),
+    ]
+    if results:
+        sections.append(_img(figures.recall_curve(results), "Recall@K curve"))
+    if log:
+        sections.append("<h2>Training</h2>" + _img(figures.training_curves(log), "training curves"))
+    sections.append("<h2>Retrieval</h2><p class='note'>Random test queries (black) and their 8 nearest test "
+                    "images: green when of the query's class, red otherwise.</p>"
+                    + _img(figures.retrieval_grid(test, embeddings), "retrieval grid"))
+    sections.append(_attention_section(model, test, config.data.image_size, config.data.test_resize, device))
+    sections.append("<h2>Embedding map</h2>" + _img(figures.embedding_map(embeddings, test.labels,
+                                                                           class_names=test.class_names),
+                                                    "t-SNE of test embeddings"))
+    sections.append("<h2>Resolved config</h2><pre>" + html.escape(yaml.safe_dump(config.to_dict(), sort_keys=False))
+                    + "</pre>")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>deepmetric report {html.escape(run.path.name)}"
+            f"</title><style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
+    path = run.path / "report.html"
+    atomic_write_text(path, page)
+    return path

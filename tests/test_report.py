@@ -1,0 +1,56 @@
+"""``deepmetric report``: a self-contained page whose every image is a valid embedded PNG."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import pytest
+from PIL import Image
+
+from deepmetric.cli import main
+from test_cli import TINY
+
+IMAGE = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+
+
+def _embedded_pngs(page: str) -> dict[str, Image.Image]:
+    """alt text -> decoded image, failing on any <img> that is not a base64 PNG data URI."""
+    assert page.count("<img") == len(IMAGE.findall(page)), "an <img> that is not an embedded PNG"
+    images = {}
+    for alt, data in IMAGE.findall(page):
+        raw = base64.b64decode(data, validate=True)
+        assert raw.startswith(b"\x89PNG\r\n\x1a\n"), alt
+        Image.open(io.BytesIO(raw)).verify()  # raises on a truncated or corrupt PNG
+        images[alt] = Image.open(io.BytesIO(raw))
+    return images
+
+
+@pytest.mark.parametrize("head", ["gap", "dgml"])
+def test_train_writes_a_report_whose_images_are_valid_pngs(tmp_path, head):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--head", head, "--out", str(out), "eval.baseline=true"]) == 0
+    page = (out / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
+    images = _embedded_pngs(page)
+    expected = {"Recall@K curve", "training curves", "retrieval grid", "t-SNE of test embeddings"}
+    assert expected <= set(images)
+    attention = [alt for alt in images if alt.startswith("attention maps")]
+    assert bool(attention) == (head == "dgml")  # overlays only for heads that return attention maps
+    assert all(image.width > 50 and image.height > 50 for image in images.values())
+    assert "untrained backbone" in page and "Resolved config" in page and "head: " + head in page
+
+
+def test_report_command_and_opt_out(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out), "eval.report=false"]) == 0
+    assert not (out / "report.html").exists()
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert str(out / "report.html") in capsys.readouterr().out
+    _embedded_pngs((out / "report.html").read_text())
+
+
+def test_report_of_a_missing_run_is_one_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "error:" in capsys.readouterr().err
