@@ -59,9 +59,11 @@ class StudySpec:
     split_fraction: float = 0.5
 
     def runs(self) -> list[StudyRun]:
+        """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
+        early already compares every variant)."""
         runs = []
-        for variant, overrides in self.variants.items():
-            for repeat in self.repeats:
+        for repeat in self.repeats:
+            for variant, overrides in self.variants.items():
                 if self.protocol == "splits":
                     per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
                 else:
