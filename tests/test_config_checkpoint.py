@@ -105,3 +105,11 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
         atomic_write_bytes(target, b"new content")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]  # no temporary file left behind
+
+
+def test_an_unknown_head_option_names_the_nearest_and_lists_the_valid_ones():
+    from deepmetric.models import create_model
+
+    with pytest.raises(ConfigError, match=r"head 'diablo' has no option 'entries' \(did you mean 'num_entries'\?\); "
+                                          r"its options are: .*alpha"):
+        create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, entries=3)
