@@ -113,3 +113,15 @@ def test_an_unknown_head_option_names_the_nearest_and_lists_the_valid_ones():
     with pytest.raises(ConfigError, match=r"head 'diablo' has no option 'entries' \(did you mean 'num_entries'\?\); "
                                           r"its options are: .*alpha"):
         create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, entries=3)
+
+
+def test_a_checkpoint_whose_header_length_starts_with_the_pickle_opcode_loads(tmp_path):
+    """Regression: a safetensors header of length 0x..80 starts the file with 0x80, pickle's protocol opcode."""
+    path = tmp_path / "c.safetensors"
+    for pad in range(300):
+        save_checkpoint(path, {"w": torch.ones(3)}, {"note": "x" * pad})
+        if path.read_bytes()[:1] == b"\x80":
+            break
+    assert path.read_bytes()[:1] == b"\x80"
+    tensors, state = load_checkpoint(path)
+    assert torch.equal(tensors["w"], torch.ones(3)) and state["note"].startswith("x")

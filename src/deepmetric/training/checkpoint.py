@@ -67,13 +67,20 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[st
     atomic_write_bytes(Path(path), save_safetensors(plain, metadata=header))
 
 
+def looks_like_safetensors(data: bytes) -> bool:
+    """A safetensors file starts with its JSON header's length (8 bytes, little-endian) and then ``{``. The
+    length's first byte may be 0x80, the pickle protocol opcode, so this is checked before the pickle magic."""
+    header_length = int.from_bytes(data[:8], "little")
+    return len(data) >= 8 + header_length and data[8:9] == b"{" and data[7 + header_length:8 + header_length] == b"}"
+
+
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a checkpoint written by ``save_checkpoint``; refuses pickles and foreign files by name."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     data = path.read_bytes()
-    if data[:1] == PICKLE_MAGIC[0] or data[:4] == PICKLE_MAGIC[1]:
+    if not looks_like_safetensors(data) and (data[:1] == PICKLE_MAGIC[0] or data[:4] == PICKLE_MAGIC[1]):
         raise CheckpointError(f"refusing to load {path}: it is a pickled torch file, and unpickling can execute "
                               "arbitrary code. deepmetric checkpoints are safetensors files.")
     try:
