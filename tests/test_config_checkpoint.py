@@ -54,13 +54,33 @@ def test_presets_are_valid_configs():
     from deepmetric.losses import LOSSES, REGULARIZERS
     from deepmetric.models.heads import head_class
 
-    presets = sorted(Path(__file__).parent.parent.joinpath("configs").rglob("*.yaml"))
+    configs = Path(__file__).parent.parent.joinpath("configs")
+    presets = sorted(p for p in configs.rglob("*.yaml") if configs / "studies" not in p.parents)  # studies: below
     assert len(presets) > 20
     for preset in presets:
         config = build_config(load_yaml(preset))
         assert set(config.model.head_options) <= set(head_class(config.model.head).option_names()), preset
         assert config.loss.name in LOSSES and set(config.loss.regularizers or {}) <= set(REGULARIZERS), preset
 
+
+
+def test_preset_studies_load_and_every_run_builds():
+    from pathlib import Path
+
+    from deepmetric.losses import LOSSES, REGULARIZERS
+    from deepmetric.models.heads import head_class
+    from deepmetric.studies import load_study
+
+    studies = sorted(Path(__file__).parent.parent.joinpath("configs", "studies").glob("*.yaml"))
+    assert studies
+    for path in studies:
+        spec = load_study(path)
+        runs = spec.runs()
+        assert runs, path
+        for run in runs:
+            config = build_config(*run.layers)
+            assert set(config.model.head_options) <= set(head_class(config.model.head).option_names()), run.name
+            assert config.loss.name in LOSSES and set(config.loss.regularizers or {}) <= set(REGULARIZERS), run.name
 
 def test_extends_merges_a_parent_file_and_refuses_cycles(tmp_path):
     (tmp_path / "base.yaml").write_text("data:\n  image_size: 64\n  flip: false\nmodel:\n  head: gap\n")
