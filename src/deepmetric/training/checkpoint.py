@@ -69,9 +69,11 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[st
 
 def looks_like_safetensors(data: bytes) -> bool:
     """A safetensors file starts with its JSON header's length (8 bytes, little-endian) and then ``{``. The
-    length's first byte may be 0x80, the pickle protocol opcode, so this is checked before the pickle magic."""
+    length's first byte may be 0x80, the pickle protocol opcode, so this is checked before the pickle magic
+    (the header may be padded with spaces)."""
     header_length = int.from_bytes(data[:8], "little")
-    return len(data) >= 8 + header_length and data[8:9] == b"{" and data[7 + header_length:8 + header_length] == b"}"
+    header = data[8:8 + header_length].rstrip(b" ")  # the writer pads the header with spaces
+    return len(data) >= 8 + header_length and header[:1] == b"{" and header[-1:] == b"}"
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
