@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", required=True, help="a folder of images, an image, or a .txt file listing image paths")
     p.add_argument("--out", required=True, help="index folder to create (or to extend with --add)")
     p.add_argument("--add", action="store_true", help="append the images to the existing index in --out (same model)")
-    p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 624 images)")
+    p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 1,000 images)")
     p.add_argument("--nlist", type=int, help="IVF-PQ cells (default about 4 sqrt(N), at most N / 39)")
     p.add_argument("--pq-m", type=int, help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
     p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])

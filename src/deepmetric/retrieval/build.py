@@ -126,7 +126,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
         files = fresh
         if not files:
             return IndexResult(out, 0, skipped, manifest.count, manifest.kind)
-    elif kind == "ivf-pq" and len(files) < faiss_index.min_ivf_pq_images():
+    elif kind == "ivf-pq" and len(files) < faiss_index.MIN_IVF_PQ_IMAGES:
         faiss_index.ivf_pq_params(len(files), int(model_info["spec"]["embedding_dim"]))  # raises, naming the count
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)

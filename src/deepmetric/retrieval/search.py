@@ -1,7 +1,7 @@
 """Query a retrieval index: embed a query image with the index's model, return the nearest gallery images.
 
 Scores are cosine similarities (embeddings are l2-normalised). A flat index's scores are exact; IVF-PQ
-proposes ``max(4 k, k + 32)`` candidates from the probed cells, which are re-ranked with the exact stored
+proposes ``max(8 k, k + 64)`` candidates from the probed cells, which are re-ranked with the exact stored
 embeddings, so its scores are exact too and only its recall is approximate.
 """
 
@@ -54,7 +54,7 @@ class IndexSearcher:
         if self.exact is None:
             scores, ids = self.index.search(queries, k)
         else:
-            width = min(self.count, max(4 * k, k + 32))
+            width = min(self.count, max(8 * k, k + 64))
             _, candidates = self.index.search(queries, width)
             scores, ids = self._rerank(queries, candidates, k)
         return [[Hit(int(i), self.manifest.name(int(i)), float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
