@@ -19,3 +19,16 @@ def _seed():
 @pytest.fixture
 def blob_table() -> RetrievalDataset:
     return make_table()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A run directory of the tiny test backbone trained for 2 steps (16-d embeddings, 16 px images)."""
+    from deepmetric.cli import main
+
+    out = tmp_path_factory.mktemp("tiny-run") / "run"
+    code = main(["train", "--data", "digits", "--backbone", "tiny", "--steps", "2", "--quiet", "--no-test",
+                 "--out", str(out), "model.pretrained=false", "model.embedding_dim=16", "data.image_size=16",
+                 "data.classes_per_batch=3", "data.samples_per_class=4", "eval.nmi=false"])
+    assert code == 0
+    return out

@@ -118,6 +118,52 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from .retrieval import index_images
+
+    result = index_images(args.run_dir, args.images, args.out, kind="ivf-pq" if args.ivf_pq else "flat",
+                          add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
+                          batch_size=args.batch_size, progress=not args.quiet)
+    skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
+    print(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
+          f"{result.count} images ({result.kind} index)")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .retrieval import Searcher
+
+    if args.k < 1:
+        raise DeepMetricError(f"--k must be at least 1, got {args.k}")
+    searcher = Searcher(args.index_dir)
+    hits = searcher.search_file(args.image, args.k)
+    if args.json:
+        print(json.dumps({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
+    else:
+        width = max(len(h.name) for h in hits)
+        print(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .retrieval.service import ServiceLimits, serve
+    except ImportError as missing:
+        raise DeepMetricError(f"serving needs fastapi, uvicorn and python-multipart ({missing.name} is missing): "
+                              "pip install 'deepmetric[serve]'") from None
+    for name in ("max_body_mb", "max_megapixels", "workers", "timeout", "max_k"):
+        if getattr(args, name) <= 0:
+            raise DeepMetricError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.queue < 0:
+        raise DeepMetricError(f"--queue must be 0 or more, got {args.queue}")
+    limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
+                           workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
+    serve(args.index_dir, args.host, args.port, limits)
+    return 0
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from .studies import load_study, run_study
 
@@ -241,6 +287,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_embed)
 
+    p = sub.add_parser("index", help="embed a gallery with a trained run into a faiss index (or --add to one)",
+                       description="Embed every image of a gallery (a folder, one image, or a .txt list of paths) "
+                       "and write INDEX_DIR: index.json (ids, paths, model), embeddings (safetensors) and a faiss "
+                       "index, atomically. Exact inner-product search by default; --ivf-pq for large galleries.")
+    p.add_argument("run_dir")
+    p.add_argument("--images", required=True, help="a folder of images, an image, or a .txt file listing image paths")
+    p.add_argument("--out", required=True, help="index folder to create (or to extend with --add)")
+    p.add_argument("--add", action="store_true", help="append the images to the existing index in --out (same model)")
+    p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 1,000 images)")
+    p.add_argument("--nlist", type=int, help="IVF-PQ cells (default about 4 sqrt(N), at most N / 39)")
+    p.add_argument("--pq-m", type=int, help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
+    p.add_argument("index_dir")
+    p.add_argument("--image", required=True, help="the query image")
+    p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: query, results [{id, name, score}]")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("serve", help="serve an index over HTTP: search page, POST /search, GET /images/{id}",
+                       description="Serve INDEX_DIR with FastAPI + uvicorn: GET / (search page), GET /health, "
+                       "POST /search (multipart field 'image', optional k), GET /images/{id} (thumbnails). "
+                       "Errors are JSON {\"error\": ...}; bad input gets a 4xx.")
+    p.add_argument("index_dir")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-body-mb", type=float, default=10.0, help="largest request body in MiB (default 10)")
+    p.add_argument("--max-megapixels", type=float, default=40.0,
+                   help="largest query image in megapixels, checked before decoding (default 40)")
+    p.add_argument("--workers", type=int, default=2, help="searches running at once (default 2)")
+    p.add_argument("--queue", type=int, default=16, help="requests waiting beyond those before 503 (default 16)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request is answered 503 (30)")
+    p.add_argument("--max-k", type=int, default=100, help="largest k a client may ask for (default 100)")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
                        description="Run every unfinished run of a study file (see configs/studies/) and write "
                        "results.csv, results.md (mean ± std) and results.png.")
@@ -300,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: noise for users
     from .training import TrainingInterrupted
 
     try:

@@ -26,6 +26,18 @@ class CheckpointError(DeepMetricError):
     """A missing, foreign or unsafe checkpoint file."""
 
 
+class IndexStoreError(DeepMetricError):
+    """A missing, foreign or incompatible retrieval index (``deepmetric index`` / ``search`` / ``serve``)."""
+
+
+class UploadError(DeepMetricError):
+    """An uploaded query image the service refuses; ``status`` is the HTTP status to answer with (4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""`` when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)

@@ -26,7 +26,8 @@ FORMAT = "deepmetric-checkpoint-1"
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """fsync a folder so that a rename inside it survives a crash (best effort)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -53,7 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

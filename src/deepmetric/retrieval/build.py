@@ -1,0 +1,162 @@
+"""``deepmetric index``: embed a gallery with a trained run and write (or extend) a retrieval index."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data.images import IMAGE_EXTENSIONS
+from ..errors import DataError, IndexStoreError
+from ..evaluation import embed_table
+from ..training.checkpoint import load_checkpoint
+from ..training.run_dir import RunDir, load_run_model
+from ..training.setup import resolve_device
+from ..workflows import files_table, list_images
+from . import faiss_index
+from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
+
+LIST_SUFFIXES = (".txt", ".lst")
+
+
+@dataclass
+class IndexResult:
+    """What ``index_images`` did: the index folder, images added, images skipped as already indexed, total."""
+
+    index_dir: Path
+    added: int
+    skipped: int
+    count: int
+    kind: str
+
+
+def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
+    """``(root, files)``: a folder (every image below it), one image, or a text file listing one path a line
+    (relative to the list's folder; blank lines and ``#`` comments ignored)."""
+    images = Path(images)
+    if images.is_file() and images.suffix.lower() in LIST_SUFFIXES:
+        root = images.parent.resolve()
+        files = []
+        for number, line in enumerate(images.read_text().splitlines(), 1):
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            file = (root / entry).resolve()
+            if not file.is_file():
+                raise DataError(f"{images} line {number}: {entry} is not a file")
+            if file.suffix.lower() not in IMAGE_EXTENSIONS:
+                raise DataError(f"{images} line {number}: {entry} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
+            files.append(file)
+        if not files:
+            raise DataError(f"{images} lists no image")
+        return root, files
+    files = [f.resolve() for f in list_images(images)]
+    root = images.resolve() if images.is_dir() else images.resolve().parent
+    return root, files
+
+
+def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
+    """An item for ``file``: its path relative to ``root`` when inside it, else absolute."""
+    try:
+        path = file.relative_to(root).as_posix()
+    except ValueError:
+        path = str(file)
+    return {"source": source, "path": path}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:
+    """What an index remembers of its model: where it is, what it is, and the checkpoint's digest."""
+    _, state = load_checkpoint(checkpoint)
+    return {"run_dir": str(Path(run_dir).resolve()), "checkpoint": str(checkpoint.resolve()),
+            "checkpoint_sha256": file_sha256(checkpoint), "step": state.get("step"), "spec": state["model_spec"],
+            "image_size": image_size, "test_resize": test_resize}
+
+
+def describe(model: dict[str, Any]) -> str:
+    spec = model["spec"]
+    return (f"{Path(model['checkpoint']).name} of {model['run_dir']} ({spec.get('backbone')} + {spec.get('head')}, "
+            f"{spec.get('embedding_dim')}-d, {model['image_size']} px)")
+
+
+def check_same_model(manifest: IndexManifest, model: dict[str, Any], index_dir: Path) -> None:
+    """Refuse to mix embeddings of two models in one index."""
+    dim = model["spec"].get("embedding_dim")
+    if dim != manifest.embedding_dim:
+        raise IndexStoreError(f"{index_dir} holds {manifest.embedding_dim}-d embeddings of {describe(manifest.model)}; "
+                              f"this model gives {dim}-d embeddings: build a separate index for it")
+    old = manifest.model
+    same = (old["spec"] == model["spec"] and old["image_size"] == model["image_size"]
+            and old["test_resize"] == model["test_resize"] and old["checkpoint_sha256"] == model["checkpoint_sha256"])
+    if not same:
+        raise IndexStoreError(f"{index_dir} was built with {describe(old)}, not with {describe(model)}: embeddings of "
+                              "different models are not comparable; build a separate index for it")
+
+
+def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind: str = "flat", add: bool = False,
+                 nlist: int | None = None, pq_m: int | None = None, which: str = "auto",
+                 batch_size: int | None = None, progress: bool = True) -> IndexResult:
+    """Embed the gallery ``images`` with the run's model and write the index ``out`` (or append with ``add``)."""
+    out = Path(out)
+    faiss_index.faiss_module()  # fail before embedding when faiss is missing
+    config = RunDir(run_dir).config()
+    checkpoint = RunDir(run_dir).checkpoint(which)
+    model_info = model_record(run_dir, checkpoint, config.data.image_size, config.data.test_resize)
+    manifest = None
+    if add:
+        manifest = read_manifest(out)
+        check_same_model(manifest, model_info, out)
+    elif (out / "index.json").exists():
+        raise IndexStoreError(f"{out} already holds an index; add images to it with --add, or choose another --out")
+    root, files = gallery_files(images)
+    skipped = 0
+    if manifest is not None:
+        known = {str(p) for i in range(manifest.count) if (p := manifest.image_path(i)) is not None}
+        fresh = [f for f in files if str(f) not in known]
+        skipped = len(files) - len(fresh)
+        files = fresh
+        if not files:
+            return IndexResult(out, 0, skipped, manifest.count, manifest.kind)
+    elif kind == "ivf-pq" and len(files) < faiss_index.MIN_IVF_PQ_IMAGES:
+        faiss_index.ivf_pq_params(len(files), int(model_info["spec"]["embedding_dim"]))  # raises, naming the count
+    device = resolve_device(config.train.device)
+    model, _, _ = load_run_model(run_dir, which, device)
+    table = files_table(str(images), files)
+    embeddings = embed_table(model, table, config.data.image_size, config.data.test_resize,
+                             batch_size or config.eval.batch_size, device, config.data.num_workers, progress,
+                             desc="indexing")
+    if manifest is None:
+        params = faiss_index.ivf_pq_params(len(files), embeddings.shape[1], nlist, pq_m) if kind == "ivf-pq" else None
+        index = faiss_index.build_faiss(embeddings, kind, params)
+        items = [{"id": i, **relative_item(f, root, 0)} for i, f in enumerate(files)]
+        manifest = IndexManifest(kind=kind, model=model_info, embedding_dim=embeddings.shape[1], items=items,
+                                 sources=[str(root)], ivf_pq=params.to_dict() if params else None)
+        create_index(out, manifest, embeddings, index)
+        return IndexResult(out, len(files), 0, manifest.count, kind)
+    with locked(out):
+        current = read_manifest(out)
+        check_same_model(current, model_info, out)
+        sources = list(current.sources)
+        if str(root) not in sources:
+            sources.append(str(root))
+        source = sources.index(str(root))
+        new_items = [relative_item(f, root, source) for f in files]
+        updated = append_to_index(out, current, embeddings, new_items, sources)
+    return IndexResult(out, len(files), skipped, updated.count, updated.kind)
+
+
+def index_size_bytes(index_dir: str | Path) -> int:
+    """Bytes on disk of the index's current files."""
+    folder = Path(index_dir)
+    manifest = read_manifest(folder)
+    names = ("index.json", manifest.embeddings_file, manifest.faiss_file)
+    return sum(os.path.getsize(folder / n) for n in names if (folder / n).exists())

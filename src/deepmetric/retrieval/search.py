@@ -1,0 +1,100 @@
+"""Query a retrieval index: embed a query image with the index's model, return the nearest gallery images.
+
+Scores are cosine similarities (embeddings are l2-normalised). A flat index's scores are exact; IVF-PQ
+proposes ``max(8 k, k + 64)`` candidates from the probed cells, which are re-ranked with the exact stored
+embeddings, so its scores are exact too and only its recall is approximate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.images import read_image
+from ..data.transforms import TestTransform
+from ..errors import IndexStoreError
+from ..training.run_dir import model_from_checkpoint
+from .build import file_sha256
+from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
+
+
+@dataclass
+class Hit:
+    """One result: the gallery item's id, its name (path relative to its gallery folder) and cosine score."""
+
+    id: int
+    name: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class IndexSearcher:
+    """Nearest neighbours of vectors in an index (no model; see ``Searcher`` for images)."""
+
+    def __init__(self, index_dir: str | Path):
+        self.index_dir = Path(index_dir)
+        self.manifest: IndexManifest = read_manifest(self.index_dir)
+        self.index = read_faiss(self.index_dir, self.manifest)
+        self.exact = read_embeddings(self.index_dir, self.manifest) if self.manifest.kind == "ivf-pq" else None
+
+    @property
+    def count(self) -> int:
+        return self.manifest.count
+
+    def search_vectors(self, queries: np.ndarray, k: int) -> list[list[Hit]]:
+        """The top ``k`` (at most the index size) hits of each l2-normalised query row, best first."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        k = max(1, min(k, self.count))
+        if self.exact is None:
+            scores, ids = self.index.search(queries, k)
+        else:
+            width = min(self.count, max(8 * k, k + 64))
+            _, candidates = self.index.search(queries, width)
+            scores, ids = self._rerank(queries, candidates, k)
+        return [[Hit(int(i), self.manifest.name(int(i)), float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+                for row_s, row_i in zip(scores, ids, strict=True)]
+
+    def _rerank(self, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact scores of the candidates (-1 = none), best first, ties by smaller id."""
+        exact = np.einsum("qd,qwd->qw", queries, self.exact[np.maximum(candidates, 0)])
+        exact[candidates < 0] = -np.inf
+        order = np.lexsort((candidates, -exact), axis=1)[:, :k]
+        scores = np.take_along_axis(exact, order, axis=1)
+        ids = np.where(np.isfinite(scores), np.take_along_axis(candidates, order, axis=1), -1)
+        return scores, ids
+
+
+class Searcher(IndexSearcher):
+    """An index with its model: search by image (array or file)."""
+
+    def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
+        super().__init__(index_dir)
+        model_info = self.manifest.model
+        checkpoint = Path(model_info["checkpoint"])
+        if not checkpoint.is_file():
+            raise IndexStoreError(f"the index's model checkpoint {checkpoint} is missing (moved or deleted run "
+                                  "directory?); rebuild the index or restore the run")
+        if verify_checkpoint and file_sha256(checkpoint) != model_info["checkpoint_sha256"]:
+            raise IndexStoreError(f"{checkpoint} has changed since {self.index_dir} was built (the run was trained "
+                                  "further?): queries would be embedded by another model; rebuild the index")
+        self.model, _ = model_from_checkpoint(checkpoint, device)
+        self.device = torch.device(device)
+        self.transform = TestTransform(int(model_info["image_size"]), model_info["test_resize"])
+
+    @torch.no_grad()
+    def embed(self, image: np.ndarray) -> np.ndarray:
+        """(D,) l2-normalised embedding of one (H, W, 3) uint8 image."""
+        batch = self.transform(image).unsqueeze(0).to(self.device)
+        return self.model(batch).embedding[0].float().cpu().numpy()
+
+    def search_image(self, image: np.ndarray, k: int = 10) -> list[Hit]:
+        return self.search_vectors(self.embed(image)[None], k)[0]
+
+    def search_file(self, path: str | Path, k: int = 10) -> list[Hit]:
+        return self.search_image(read_image(path), k)

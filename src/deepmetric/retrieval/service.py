@@ -1,0 +1,341 @@
+"""``deepmetric serve``: the retrieval index over HTTP (FastAPI), hardened for untrusted uploads.
+
+Endpoints: ``GET /`` (a self-contained search page), ``GET /health``, ``POST /search`` (multipart field
+``image``, optional ``k`` as a query parameter or form field) and ``GET /images/{id}`` (a JPEG thumbnail of
+gallery item ``id``; ids only, so no path from a client ever reaches the file system).
+
+Defaults that matter for safety: loopback only (127.0.0.1); request bodies over ``max_body_bytes`` are
+refused with 413 (from Content-Length before reading, or while streaming); the format is sniffed from the
+bytes and images over ``max_pixels`` are refused before decoding (``uploads``); at most ``workers``
+searches run at once with at most ``queue`` more waiting, beyond which the answer is 503; a search that
+takes longer than ``timeout_s`` is answered 503 (its worker finishes in the background and still counts
+against the limit). Every error is JSON ``{"error": "..."}``; bad input always gets a 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from ..errors import DeepMetricError, UploadError
+from .uploads import decode_upload, gallery_thumbnail
+
+log = logging.getLogger("deepmetric.serve")
+
+ITEM_ID = re.compile(r"[0-9]{1,12}")
+SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
+                    (b"x-frame-options", b"DENY")]
+PAGE_POLICY = ("default-src 'none'; img-src 'self' blob:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+               "connect-src 'self'; form-action 'none'; base-uri 'none'")
+
+
+@dataclass
+class ServiceLimits:
+    """The service's resource limits (see the module docstring)."""
+
+    max_body_bytes: int = 10 * 2**20
+    max_pixels: int = 40_000_000
+    workers: int = 2
+    queue: int = 16
+    timeout_s: float = 30.0
+    max_k: int = 100
+    default_k: int = 10
+    thumbnail_px: int = 256
+    thumbnail_cache: int = 512
+
+
+class RequestTooLarge(Exception):
+    """Raised from the wrapped ``receive`` once a streamed body passes the limit."""
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+class LimitBodySize:
+    """ASGI middleware: refuse bodies over ``max_bytes`` (413 JSON), by Content-Length or while streaming."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _reply(self, send: Any, status: int, message: str) -> None:
+        body = error_body(message)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close"), *SECURITY_HEADERS]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the request body is larger than the limit of {self.max_bytes:,} bytes"
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await self._reply(send, 400, "the Content-Length header is not a number")
+                return
+            if int(declared) > self.max_bytes:
+                await self._reply(send, 413, too_large)
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestTooLarge()
+            return message
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except RequestTooLarge:
+            if not started:
+                await self._reply(send, 413, too_large)
+
+
+class SecurityHeaders:
+    """ASGI middleware: ``nosniff``, no referrer and no framing on every response."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+class Busy(Exception):
+    """The gate is full (503)."""
+
+
+class Gate:
+    """At most ``workers`` jobs run at once in a thread pool, at most ``queue`` more wait; each waited for at
+    most ``timeout_s``. A job that overruns keeps its slot until it really ends, so the bound always holds."""
+
+    def __init__(self, workers: int, queue: int, timeout_s: float):
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deepmetric-search")
+        self.capacity = workers + queue
+        self.timeout_s = timeout_s
+        self.pending = 0  # only touched on the event loop's thread
+
+    def _finished(self, future: asyncio.Future) -> None:
+        self.pending -= 1
+        if not future.cancelled():
+            future.exception()  # retrieved, so an overrun job's error is not reported as unretrieved
+
+    async def run(self, job: Any, *args: Any) -> Any:
+        if self.pending >= self.capacity:
+            raise Busy(f"the service is busy ({self.pending} requests in progress); retry shortly")
+        self.pending += 1
+        future = asyncio.get_running_loop().run_in_executor(self.executor, job, *args)
+        future.add_done_callback(self._finished)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError:
+            raise Busy(f"the request took longer than {self.timeout_s:g} s; retry later") from None
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ThumbnailCache:
+    """Thread-safe LRU of thumbnail bytes by item id."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict[int, bytes] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: int) -> bytes | None:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key: int, value: bytes) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+def page_html() -> str:
+    return resources.files("deepmetric.retrieval").joinpath("page.html").read_text(encoding="utf-8")
+
+
+def parse_k(value: Any, limits: ServiceLimits) -> int:
+    if value is None or value == "":
+        return limits.default_k
+    text = str(value).strip()
+    if not text.isdigit() or not 1 <= int(text) <= limits.max_k:
+        raise UploadError(f"k must be an integer from 1 to {limits.max_k}", 400)
+    return int(text)
+
+
+def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
+    """The FastAPI application serving ``searcher`` (a ``Searcher``: an index and its model)."""
+    limits = limits or ServiceLimits()
+    gate = Gate(limits.workers, limits.queue, limits.timeout_s)
+    thumbnails = ThumbnailCache(limits.thumbnail_cache)
+    manifest = searcher.manifest
+
+    @asynccontextmanager
+    async def lifespan(_: Any):
+        yield
+        gate.close()
+
+    app = FastAPI(title="deepmetric retrieval", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.gate = gate
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = exc.detail if exc.status_code != 404 else f"not found: {request.method} {request.url.path[:200]}"
+        return error(exc.status_code, str(message))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(400, f"bad request: {exc.errors()[0].get('msg', 'invalid input') if exc.errors() else ''}")
+
+    @app.exception_handler(UploadError)
+    async def upload_error(_: Request, exc: UploadError) -> JSONResponse:
+        return error(exc.status, str(exc))
+
+    @app.exception_handler(Busy)
+    async def busy(_: Request, exc: Busy) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"retry-after": "1"})
+
+    @app.exception_handler(RequestTooLarge)
+    async def too_large(_: Request, exc: RequestTooLarge) -> JSONResponse:
+        return error(413, f"the request body is larger than the limit of {limits.max_body_bytes:,} bytes")
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return error(500, "internal error")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(page_html(), headers={"content-security-policy": PAGE_POLICY, "cache-control": "no-cache"})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        spec = manifest.model["spec"]
+        return {"status": "ok", "images": manifest.count, "embedding_dim": manifest.embedding_dim,
+                "index": manifest.kind, "model": f"{spec.get('backbone')} + {spec.get('head')}",
+                "max_k": limits.max_k, "max_body_bytes": limits.max_body_bytes, "max_pixels": limits.max_pixels}
+
+    def search_job(data: bytes, k: int) -> list[dict[str, Any]]:
+        return [hit.to_dict() for hit in searcher.search_image(decode_upload(data, limits.max_pixels), k)]
+
+    @app.post("/search")
+    async def search(request: Request) -> dict[str, Any]:
+        try:
+            form = await request.form(max_files=1, max_fields=4, max_part_size=64 * 1024)
+        except (HTTPException, RequestTooLarge):
+            raise
+        except Exception as exc:  # python-multipart on hostile bytes: any parse failure is the client's
+            raise UploadError(f"malformed multipart body ({type(exc).__name__})", 400) from None
+        upload = form.get("image")
+        if not isinstance(upload, UploadFile):
+            raise UploadError("send the query image as a multipart/form-data file field named 'image'", 400)
+        k = parse_k(request.query_params.get("k", form.get("k")), limits)
+        data = await upload.read()
+        started = time.perf_counter()
+        results = await gate.run(search_job, data, k)
+        return {"k": k, "results": results, "took_ms": round(1000 * (time.perf_counter() - started), 1)}
+
+    def thumbnail_job(item_id: int) -> bytes:
+        cached = thumbnails.get(item_id)
+        if cached is None:
+            path = manifest.image_path(item_id)
+            if path is None:
+                raise UploadError(f"image {item_id} has no file in this index", 404)
+            cached = gallery_thumbnail(str(path), limits.thumbnail_px, limits.max_pixels)
+            thumbnails.put(item_id, cached)
+        return cached
+
+    @app.get("/images/{item}")
+    async def image(item: str) -> Response:
+        if not ITEM_ID.fullmatch(item) or int(item) >= manifest.count:
+            raise UploadError(f"no image with id '{item[:40]}' (ids are 0 to {manifest.count - 1})", 404)
+        data = await gate.run(thumbnail_job, int(item))
+        return Response(data, media_type="image/jpeg", headers={"cache-control": "public, max-age=3600"})
+
+    app.add_middleware(LimitBodySize, max_bytes=limits.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` from a thread (tests and benchmarks); ``port=0`` picks a free port."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                    lifespan="on", timeout_keep_alive=5))
+        self.thread = threading.Thread(target=self.server.run, name="deepmetric-uvicorn", daemon=True)
+        self.host = host
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise DeepMetricError("the HTTP server stopped while starting (port in use?)")
+            time.sleep(0.01)
+        return self
+
+    @property
+    def url(self) -> str:
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://{self.host}:{port}"
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+
+def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: ServiceLimits | None = None) -> None:
+    """Load the index and its model, then serve until interrupted."""
+    from .search import Searcher
+
+    searcher = Searcher(index_dir)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: every machine that can reach this port can query the index and read "
+                    "thumbnails of every indexed image", host)
+    log.info("serving %d images of %s on http://%s:%d", searcher.count, index_dir, host, port)
+    uvicorn.run(create_app(searcher, limits), host=host, port=port, log_level="info", timeout_keep_alive=5)

@@ -1,0 +1,255 @@
+"""The HTTP service: endpoints, hostile input (always a 4xx JSON, never a 5xx), saturation, a loopback load test."""
+
+from __future__ import annotations
+
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from deepmetric.cli import main
+from deepmetric.retrieval import Searcher
+from deepmetric.retrieval.search import Hit
+from deepmetric.retrieval.service import BackgroundServer, ServiceLimits, create_app
+from serve_helpers import encoded, make_gallery, png_bomb, rss_bytes
+
+LIMITS = ServiceLimits(max_body_bytes=2**20, max_pixels=4_000_000)
+
+
+@pytest.fixture(scope="module")
+def gallery_index(tiny_run, tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    files = make_gallery(root / "gallery", 6)
+    assert main(["index", str(tiny_run), "--images", str(root / "gallery"), "--out", str(root / "index"),
+                 "--quiet"]) == 0
+    return root / "index", files
+
+
+@pytest.fixture(scope="module")
+def searcher(gallery_index):
+    return Searcher(gallery_index[0])
+
+
+@pytest.fixture(scope="module")
+def client(searcher):
+    with TestClient(create_app(searcher, LIMITS)) as test_client:
+        yield test_client
+
+
+def post_image(client, data: bytes, name: str = "q.png", k=None, content_type: str = "image/png"):
+    params = {} if k is None else {"k": k}
+    return client.post("/search", params=params, files={"image": (name, data, content_type)})
+
+
+def assert_json_error(response, status: int, fragment: str = ""):
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["error"]
+    assert isinstance(message, str) and fragment in message
+
+
+def test_health_and_page(client):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["images"] == 6 and health["embedding_dim"] == 16
+    assert health["model"] == "tiny + gap" and health["index"] == "flat"
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'type="file"' in page.text and 'id="results"' in page.text
+    assert "http://" not in page.text and "https://" not in page.text and "<script src" not in page.text  # no CDN
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
+
+
+def test_search_returns_the_gallery_image_first(client, gallery_index):
+    _, files = gallery_index
+    for item_id, file in enumerate(sorted(files)):
+        response = post_image(client, file.read_bytes(), name=file.name, k=4)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["k"] == 4 and len(body["results"]) == 4
+        top = body["results"][0]
+        assert top["id"] == item_id and top["score"] == pytest.approx(1.0, abs=1e-4)
+        assert set(top) == {"id", "name", "score"} and top["name"].endswith(file.name)
+        scores = [r["score"] for r in body["results"]]
+        assert scores == sorted(scores, reverse=True)
+    # k as a form field, and the default k (10) capped at the gallery size
+    response = client.post("/search", data={"k": "2"}, files={"image": ("q.png", files[0].read_bytes())})
+    assert response.status_code == 200 and len(response.json()["results"]) == 2
+    assert len(post_image(client, files[0].read_bytes()).json()["results"]) == 6
+
+
+def test_query_formats_are_sniffed_not_named(client):
+    pixels = np.random.default_rng(3).integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
+    for fmt in ("PNG", "JPEG", "GIF", "WEBP", "BMP"):
+        response = post_image(client, encoded(pixels, fmt), name="query.bin", content_type="application/octet-stream")
+        assert response.status_code == 200, (fmt, response.text)
+    rgba = Image.fromarray(pixels).convert("RGBA")
+    buffer = io.BytesIO()
+    rgba.save(buffer, format="PNG")
+    assert post_image(client, buffer.getvalue()).status_code == 200
+
+
+def test_thumbnails_by_id_only(client):
+    response = client.get("/images/2")
+    assert response.status_code == 200 and response.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(response.content)) as thumb:
+        assert thumb.format == "JPEG" and max(thumb.size) <= 256
+    attempts = ["/images/6", "/images/-1", "/images/99999999999999999999", "/images/1e3", "/images/0x1",
+                "/images/..%2F..%2Fetc%2Fpasswd", "/images/%2e%2e%2f%2e%2e%2fetc%2fpasswd", "/images/../index.json",
+                "/images/2%00", "/images/ 2", "/images/%2Fetc%2Fpasswd", "/images/img000.png",
+                "/images/", "/images"]
+    for url in attempts:  # (httpx resolves a literal ".." segment itself: /images/../x asks for /x)
+        response = client.get(url)
+        assert_json_error(response, 404)
+        assert b"root:" not in response.content
+
+
+def test_bad_uploads_are_4xx_json(client, gallery_index):
+    _, files = gallery_index
+    good = files[0].read_bytes()
+    assert_json_error(post_image(client, b"this is not an image at all", name="photo.jpg",
+                                 content_type="image/jpeg"), 415, "not a JPEG, PNG")
+    assert_json_error(post_image(client, b"<svg xmlns='http://www.w3.org/2000/svg'/>", name="x.svg"), 415)
+    assert_json_error(post_image(client, b""), 400, "empty")
+    assert_json_error(post_image(client, png_bomb()), 413, "pixels")
+    assert_json_error(post_image(client, png_bomb(3000, 2000)), 413, "3000x2000 = 6,000,000 pixels")
+    assert_json_error(post_image(client, good[: len(good) // 2]), 400, "corrupt")
+    assert_json_error(post_image(client, b"\xff\xd8\xff" + b"\x00" * 64, name="a.jpg"), 400)
+    assert_json_error(post_image(client, b"GIF89a\xff\xff\xff\xff" + b"\x00" * 20), 400)
+    for k in ("0", "-1", "101", "abc", "1.5", "9" * 40):
+        assert_json_error(post_image(client, good, k=k), 400, "k must be an integer from 1 to 100")
+    assert_json_error(client.post("/search", files={"photo": ("q.png", good)}), 400, "field named 'image'")
+    assert_json_error(client.post("/search", data={"image": "not a file"}), 400, "field named 'image'")
+    assert_json_error(client.post("/search", content=good, headers={"content-type": "image/png"}), 400)
+    assert_json_error(client.post("/search", content=b"--x\r\ngarbage",
+                                  headers={"content-type": "multipart/form-data; boundary=x"}), 400)
+    assert_json_error(client.post("/search", content=b"abc", headers={"content-type": "multipart/form-data"}), 400)
+    assert_json_error(client.get("/search"), 405)
+    assert_json_error(client.delete("/health"), 405)
+    assert_json_error(client.get("/nowhere"), 404, "not found")
+
+
+def test_oversize_bodies_are_413_whether_declared_or_streamed(client):
+    big = b"\x89PNG\r\n\x1a\n" + b"\0" * (LIMITS.max_body_bytes + 10)
+    assert_json_error(post_image(client, big), 413, "larger than the limit of 1,048,576 bytes")
+
+    def chunks():  # no Content-Length: the limit applies while the body streams in
+        for _ in range(40):
+            yield b"\0" * 65536
+
+    response = client.post("/search", content=chunks(), headers={"content-type": "multipart/form-data; boundary=b"})
+    assert_json_error(response, 413, "larger than the limit")
+    assert_json_error(client.post("/search", content=b"x", headers={"content-length": "abc"}), 400)
+
+
+# Hostile bodies: random bytes as the upload, as the whole multipart body (with and without a boundary that
+# matches), valid image headers followed by garbage, and random k. Deterministic (derandomize) and bounded.
+IMAGE_PREFIXES = [b"\xff\xd8\xff\xe0", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"RIFF\x10\x00\x00\x00WEBPVP8 ", b"BM"]
+
+
+@settings(max_examples=120, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=st.one_of(
+    st.tuples(st.just("upload"), st.binary(max_size=600), st.none()),
+    st.tuples(st.just("image-prefix"), st.tuples(st.sampled_from(IMAGE_PREFIXES), st.binary(max_size=300)),
+              st.none()),
+    st.tuples(st.just("body"), st.binary(max_size=600), st.sampled_from(["b", "x" * 70, "", "\"q\""])),
+    st.tuples(st.just("multipart-ish"), st.lists(st.sampled_from(
+        [b"--b\r\n", b"Content-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n",
+         b"Content-Disposition: form-data; name=\"k\"\r\n", b"Content-Type: image/png\r\n", b"\r\n",
+         b"--b--\r\n", b"\x89PNG\r\n\x1a\n", b"7", b"\xff" * 5, b"name=", b"; filename*=UTF-8''%ff\r\n"]),
+        max_size=14), st.none()),
+    st.tuples(st.just("k"), st.text(max_size=12), st.none()),
+))
+def test_fuzzed_requests_never_get_a_5xx(client, gallery_index, case):
+    kind, payload, boundary = case
+    good = gallery_index[1][0].read_bytes()
+    if kind == "upload":
+        response = post_image(client, payload, name="fuzz.jpg", content_type="image/jpeg")
+    elif kind == "image-prefix":
+        response = post_image(client, payload[0] + payload[1])
+    elif kind == "body":
+        response = client.post("/search", content=payload,
+                               headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+    elif kind == "multipart-ish":
+        response = client.post("/search", content=b"".join(payload),
+                               headers={"content-type": "multipart/form-data; boundary=b"})
+    else:
+        response = client.post("/search", data={"k": payload}, files={"image": ("q.png", good)})
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert 400 <= response.status_code < 500
+        assert isinstance(response.json()["error"], str)
+
+
+class BlockingSearcher:
+    """A stand-in searcher whose searches wait until released (to fill the service's worker pool)."""
+
+    def __init__(self, real: Searcher):
+        self.manifest = real.manifest
+        self.release = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def search_image(self, image, k):
+        self.started.release()
+        self.release.wait()
+        return [Hit(0, self.manifest.name(0), 1.0)]
+
+
+def test_saturation_and_timeouts_answer_503_json(searcher, gallery_index):
+    good = gallery_index[1][0].read_bytes()
+    blocking = BlockingSearcher(searcher)
+    app = create_app(blocking, ServiceLimits(workers=1, queue=0, timeout_s=3600))
+    with BackgroundServer(app) as server, httpx.Client(base_url=server.url) as http, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(http.post, "/search", files={"image": ("q.png", good)})
+        blocking.started.acquire()  # the only worker is busy
+        response = http.post("/search", files={"image": ("q.png", good)})
+        assert_json_error(response, 503, "busy")
+        assert response.headers["retry-after"] == "1"
+        assert http.get("/health").status_code == 200  # cheap endpoints stay up
+        blocking.release.set()
+        assert first.result().status_code == 200
+
+    blocking = BlockingSearcher(searcher)
+    app = create_app(blocking, ServiceLimits(workers=1, queue=0, timeout_s=0.05))
+    with TestClient(app) as test_client:
+        assert_json_error(post_image(test_client, good), 503, "took longer than 0.05 s")
+        blocking.release.set()
+
+
+def test_concurrent_clients_over_loopback(searcher, gallery_index):
+    """8 clients x 6 rounds of search + thumbnail on a real uvicorn: every answer right, memory flat."""
+    files = sorted(gallery_index[1])
+    payloads = [f.read_bytes() for f in files]
+    app = create_app(searcher, ServiceLimits(workers=2, queue=32))
+
+    def client_session(url: str, worker: int, rounds: int) -> list[str]:
+        problems = []
+        with httpx.Client(base_url=url, timeout=None) as http:
+            for r in range(rounds):
+                target = (worker + r) % len(files)
+                response = http.post("/search", params={"k": 3}, files={"image": ("q.png", payloads[target])})
+                if response.status_code != 200 or response.json()["results"][0]["id"] != target:
+                    problems.append(f"search {target}: {response.status_code} {response.text[:200]}")
+                thumb = http.get(f"/images/{target}")
+                if thumb.status_code != 200 or thumb.headers["content-type"] != "image/jpeg":
+                    problems.append(f"image {target}: {thumb.status_code}")
+        return problems
+
+    with BackgroundServer(app) as server, ThreadPoolExecutor(8) as pool:
+        def load(rounds: int) -> list[str]:
+            return [p for f in [pool.submit(client_session, server.url, w, rounds) for w in range(8)]
+                    for p in f.result()]
+
+        assert load(2) == []  # warm-up: allocators, caches, thread pools reach their steady state
+        before = rss_bytes()
+        assert load(6) == []
+        growth = rss_bytes() - before
+    assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MB over 48 more requests"
