@@ -46,9 +46,11 @@ def test_virtual_labels_never_share_a_real_label_and_rows_are_unit_vectors():
     batch = generator.generate(output, labels)
     assert generator.num_virtual == 10 and generator.extra_classes == 10
     real = set(labels.tolist())
-    virtual = batch.labels[batch.labels >= NUM_CLASSES]
-    training = batch.labels[batch.labels < NUM_CLASSES]
+    examples = batch.labels[:batch.examples]
+    virtual, training = examples[examples >= NUM_CLASSES], examples[examples < NUM_CLASSES]
     assert len(virtual) == 6 and len(training) == 6
+    proxies = batch.labels[batch.examples:]  # the prototypes of the batch's classes and of the drawn virtual ones
+    assert proxies[:3].tolist() == [0, 2, 4] and set(proxies[3:].tolist()) == set(virtual.tolist())
     assert not set(virtual.tolist()) & set(range(NUM_CLASSES))  # never a training label
     assert set(training.tolist()) <= real  # training-class rows come from the batch's classes (they have positives)
     assert torch.allclose(batch.embeddings.norm(dim=1), torch.ones(len(batch.labels)), atol=1e-5)  # E is l2
@@ -65,14 +67,14 @@ def test_virtual_labels_never_share_a_real_label_and_rows_are_unit_vectors():
 def test_batch_composition_follows_the_ratios(options, expected):
     _, model, generator, images, labels = setup(**options)
     batch = generator.generate(model(images), labels)
-    n_t = 0 if batch is None else int((batch.labels < NUM_CLASSES).sum())
-    n_v = 0 if batch is None else int((batch.labels >= NUM_CLASSES).sum())
+    generated = torch.empty(0) if batch is None else batch.labels[:batch.examples]
+    n_t, n_v = int((generated < NUM_CLASSES).sum()), int((generated >= NUM_CLASSES).sum())
     assert (n_t, n_v) == expected
     assert n_t + n_v == round(options.get("batch_ratio", 1.0) * len(labels)) or expected == (0, 0)
     virtual_ratio = options.get("virtual_ratio", 1.0) if options["mode"] in ("both", "virtual") else 0
     assert generator.num_virtual == round(virtual_ratio * NUM_CLASSES)
     if n_v:  # virtual rows come in classes of K = 4 (the real batch's samples per class), so they have positives
-        _, counts = torch.unique(batch.labels[batch.labels >= NUM_CLASSES], return_counts=True)
+        _, counts = torch.unique(generated[generated >= NUM_CLASSES], return_counts=True)
         assert counts.min() >= min(4, n_v) and len(counts) == max(1, n_v // 4)
 
 

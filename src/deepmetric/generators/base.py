@@ -15,10 +15,16 @@ from ..models.heads import HeadOutput
 
 @dataclass
 class GeneratedBatch:
-    """Synthetic rows for the metric loss: ``embeddings`` (G, D) and ``labels`` (G,)."""
+    """Synthetic rows for the metric loss: ``embeddings`` (G, D) and ``labels`` (G,); the first ``examples`` rows
+    are generated examples, any others are method-specific rows (MIRAGE's prototypes as proxies)."""
 
     embeddings: torch.Tensor
     labels: torch.Tensor
+    examples: int = -1
+
+    def __post_init__(self) -> None:
+        if self.examples < 0:
+            self.examples = len(self.labels)
 
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.embeddings, self.labels

@@ -39,8 +39,10 @@ Where the thesis is silent (digest §7, items 15-21), the choices here, each an 
 so ``E||eps||^2 = noise_std^2`` (default 0.5, about 30 degrees around a unit prototype), fresh noise per generated
 example from the generator's own seeded stream; G/D 512 wide; G/D trained with Adam (lr 1e-4, betas 0.5/0.999,
 constant); prototypes with Adam at ``train.lr`` (``lr_prototypes``); prototypes initialised N(0, I/D) from
-``seed``; they enter L_DML through their generated examples (``prototype_rows`` also appends the l2-normalised
-prototypes of the batch's classes as proxy rows); ``virtual_fraction`` = 0.5 in ``both``; ``gan_loss="minimax"``
+``seed``; "as proposed by [122] (Proxy-NCA) ... E and p_t are trained together using a DML loss": besides
+entering L_DML through their generated examples, the prototypes of the batch's classes and of the drawn virtual
+classes are appended as proxy rows with their labels (``prototype_rows``, l2-normalised like the embeddings; off
+when nothing is generated); ``virtual_fraction`` = 0.5 in ``both``; ``gan_loss="minimax"``
 (the text: G maximises L_adv) or ``"nonsaturating"`` (G minimises -log D_g(x~_v) - log(1 - D_c(x~_v)[y_v])).
 """
 
@@ -77,7 +79,7 @@ class MirageGenerator(Generator):
                  discriminator_hidden: int = 512, lr_generator: float = 1e-4, lr_discriminator: float = 1e-4,
                  lr_prototypes: float | None = None, betas: tuple[float, float] | list[float] = (0.5, 0.999),
                  reconstruction_weight: float = 1.0, adversarial_weight: float = 1.0, gan_loss: str = "minimax",
-                 adversarial_prototypes: bool = True, prototype_rows: bool = False, diagnostic_images: int = 1000,
+                 adversarial_prototypes: bool = True, prototype_rows: bool = True, diagnostic_images: int = 1000,
                  projection: str = "tsne"):
         super().__init__()
         if mode not in MODES:
@@ -193,10 +195,10 @@ class MirageGenerator(Generator):
             count = max(1, min(self.num_virtual, n_v // per_class))  # classes of >= per_class rows (positives)
             chosen = torch.randperm(self.num_virtual, generator=self.noise)[:count]
             rows.append(self.num_classes + chosen[torch.arange(n_v) * count // n_v])  # sizes differ by <= 1
-        if not rows and not self.prototype_rows:
+        if not rows:
             return None
         device = self.prototypes.device
-        index = torch.cat(rows).to(device) if rows else torch.empty(0, dtype=torch.long, device=device)
+        index = torch.cat(rows).to(device)
         eps = self.sample_noise(len(index))
         generated = self.encode(self.decode(self.noisy(self.prototypes[index], eps), detach=True))
         if n_v:
@@ -206,7 +208,7 @@ class MirageGenerator(Generator):
             p = self.prototypes[proxy]
             generated = torch.cat([generated, F.normalize(p, dim=1) if self.normalized else p])
             index = torch.cat([index, proxy])
-        return GeneratedBatch(generated, index.to(labels.device))
+        return GeneratedBatch(generated, index.to(labels.device), examples=n_t + n_v)
 
     def _assign(self, params: list[nn.Parameter], grads: tuple[torch.Tensor | None, ...]) -> None:
         for p, g in zip(params, grads, strict=True):
