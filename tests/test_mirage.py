@@ -173,3 +173,13 @@ def test_cli_flag_and_2d_diagnostics(tmp_path, capsys):
     assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0 and summary["virtual_prototypes"] == 5
     for name in ("mirage-prototypes.png", "mirage-latent2d.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_head_without_a_pooled_encoder_trains_in_its_embedding_space(tmp_path):
+    """ABE (two learners, metric loss per part): f = the embedding, E = l2; generated rows are cut into parts."""
+    config = tiny_config(train={"steps": 2}, model={"head": "abe", "head_options": {"num_learners": 2}},
+                         generator={"name": "mirage", "options": {"diagnostic_images": 0}})
+    train(config, tmp_path / "abe", progress=False)
+    _, tensors, _ = model_tensors(tmp_path / "abe/checkpoints/last.safetensors")
+    assert tensors["generator.module.generator.2.weight"].shape == (16, 512)  # G decodes to the 16-d embedding
+    assert json.loads((tmp_path / "abe/generator.json").read_text())["virtual_prototypes"] == 5

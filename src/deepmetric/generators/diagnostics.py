@@ -48,7 +48,10 @@ def prototype_map(path: Path, prototypes: torch.Tensor, num_training: int, metho
                label=f"virtual prototypes ({len(xy) - num_training})")
     ax.scatter(xy[:num_training, 0], xy[:num_training, 1], s=22, c="tab:green", marker="x",
                label=f"training prototypes ({num_training})")
-    name = "t-SNE" if method == "tsne" and prototypes.shape[1] > 2 and len(xy) >= 8 else "PCA"
+    if prototypes.shape[1] <= 2:
+        name = "the 2-D latent space itself"
+    else:
+        name = "t-SNE" if method == "tsne" and len(xy) >= 8 else "PCA"
     ax.set_title(f"MIRAGE prototypes ({name}); nearest prototype is virtual for {100 * fraction:.0f}% "
                  "of training prototypes", fontsize=9)
     ax.legend(loc="best", fontsize=8)

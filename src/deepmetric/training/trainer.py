@@ -5,7 +5,9 @@ loss or regularisers: it calls ``objective(model(images), labels)``. Batches and
 pure functions of the seed and the step, and ``last`` holds the model, optimiser and RNG state, so a
 run resumed from ``last`` ends with exactly the weights of an uninterrupted run. Under torch.distributed
 (``--nproc N`` or torchrun) every rank trains on its slice of the same global batch and the objective
-sees the whole batch (``distributed.py``); rank 0 alone writes the run directory.
+sees the whole batch (``distributed.py``); rank 0 alone writes the run directory. An example generator
+(``generator.name``, ``deepmetric.generators``) is called generically: its rows join the metric loss, its own
+step follows the model's, its state goes into ``last``; without one the loop is the plain one.
 """
 
 from __future__ import annotations
