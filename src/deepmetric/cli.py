@@ -26,7 +26,7 @@ log = logging.getLogger("deepmetric")
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags: dict[str, Any] = {}
     pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
-             ("loss", "name", args.loss), ("train", "steps", args.steps)]
+             ("loss", "name", args.loss), ("train", "steps", args.steps), ("generator", "name", args.generator)]
     if args.skip_bad_images:
         flags.setdefault("data", {})["skip_bad_images"] = True
     if args.trust_pickle:
@@ -250,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regularizer", action="append", metavar="NAME",
                    help="add a regulariser with its default options (repeatable), e.g. horde; options and "
                    "weight come from loss.regularizers.NAME.* overrides or the config")
+    p.add_argument("--generator", help="add synthetic examples to every batch: mirage (thesis ch. 6); options "
+                   "come from generator.options.* overrides or the config")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
     p.add_argument("--config", help="YAML file of settings (see configs/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")

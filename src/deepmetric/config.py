@@ -134,12 +134,23 @@ class EvalConfig:
 
 
 @dataclass
+class GeneratorConfig:
+    """An example generator that adds synthetic rows to every batch (see ``deepmetric.generators``)."""
+
+    name: str | None = None
+    """``mirage`` (thesis ch. 6) or None: no generator, the plain pipeline."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The generator's options (e.g. MIRAGE's ``mode``, ``batch_ratio``, ``virtual_ratio``)."""
+
+
+@dataclass
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
@@ -345,6 +356,12 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"eval.engine must be auto, torch or faiss, got '{config.eval.engine}'")
     if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
         raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
+    if config.generator.name is not None:
+        from .generators import check_generator_options
+
+        check_generator_options(config.generator.name, config.generator.options)
+    elif config.generator.options:
+        raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

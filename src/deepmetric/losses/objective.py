@@ -7,11 +7,16 @@ looks at which head, loss or regulariser it has. Each term is returned unweighte
 A regulariser that computes embeddings of its own (HORDE's per-order embeddings) may expose them with
 ``embeddings(output) -> {name: (B, D)}``; ``Objective.auxiliary_embeddings`` collects them for
 evaluation-side uses (per-order retrieval, concatenation + PCA) without knowing the regulariser.
+
+An example generator (``deepmetric.generators``, e.g. MIRAGE) may pass ``generated=(embeddings, labels)``:
+extra rows appended to the batch of the *metric* loss only (regularisers see the real examples' output).
+With ``on="parts"`` each generated row is cut into the parts' widths and each piece l2-normalised.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
@@ -37,13 +42,22 @@ class Objective(nn.Module):
         self.regularizers = nn.ModuleDict({name: module for name, (module, _) in (regularizers or {}).items()})
         self.weights = {name: float(weight) for name, (_, weight) in (regularizers or {}).items()}
 
-    def metric(self, output: HeadOutput, labels: torch.Tensor) -> torch.Tensor:
+    def metric(self, output: HeadOutput, labels: torch.Tensor,
+               generated: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if generated is not None:
+            extra, extra_labels = generated
+            labels = torch.cat([labels, extra_labels])
         if self.on == "embedding":
-            return self.metric_losses[0](output.embedding, labels)
+            embedding = output.embedding if generated is None else torch.cat([output.embedding, extra])
+            return self.metric_losses[0](embedding, labels)
         if len(self.metric_losses) not in (1, len(output.parts)):
             raise ConfigError(f"objective has {len(self.metric_losses)} metric losses for {len(output.parts)} parts")
+        parts = output.parts
+        if generated is not None:
+            pieces = torch.split(extra, [p.shape[1] for p in parts], dim=1)
+            parts = [torch.cat([p, F.normalize(q, dim=1)]) for p, q in zip(parts, pieces, strict=True)]
         losses = [self.metric_losses[i if len(self.metric_losses) > 1 else 0](part, labels)
-                  for i, part in enumerate(output.parts)]
+                  for i, part in enumerate(parts)]
         total = torch.stack(losses).sum()
         return total / len(losses) if self.parts_reduction == "mean" else total
 
@@ -55,9 +69,11 @@ class Objective(nn.Module):
                 found.update({f"{reg_name}.{k}": v for k, v in regularizer.embeddings(output).items()})
         return found
 
-    def forward(self, output: HeadOutput, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, output: HeadOutput, labels: torch.Tensor,
+                generated: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Return the total loss and its terms (unweighted), e.g. ``{"metric": ..., "divergence": ...}``."""
-        terms = {"metric": self.metric(output, labels)}
+        terms = {"metric": self.metric(output, labels, generated)}
         total = terms["metric"]
         for name, regularizer in self.regularizers.items():
             terms[name] = regularizer(output, labels)

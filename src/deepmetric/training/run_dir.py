@@ -9,6 +9,7 @@ RUN/
   baseline.json               test metrics of the untrained backbone (eval.baseline)
   metrics.json                test metrics of the trained model (written by evaluate)
   bad_images.txt              what data.skip_bad_images left out, one "item: problem" per line
+  generator.json, mirage-*.png   an example generator's diagnostics (generator.name, e.g. MIRAGE)
 ```
 """
 

@@ -5,7 +5,9 @@ loss or regularisers: it calls ``objective(model(images), labels)``. Batches and
 pure functions of the seed and the step, and ``last`` holds the model, optimiser and RNG state, so a
 run resumed from ``last`` ends with exactly the weights of an uninterrupted run. Under torch.distributed
 (``--nproc N`` or torchrun) every rank trains on its slice of the same global batch and the objective
-sees the whole batch (``distributed.py``); rank 0 alone writes the run directory.
+sees the whole batch (``distributed.py``); rank 0 alone writes the run directory. An example generator
+(``generator.name``, ``deepmetric.generators``) is called generically: its rows join the metric loss, its own
+step follows the model's, its state goes into ``last``; without one the loop is the plain one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
+from ..generators import Generator, build_generator
 from ..losses import Objective, build_objective
 from ..models import Embedder
 from .checkpoint import (
@@ -70,9 +73,11 @@ class TrainResult:
     seconds: float
 
 
-def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
-    """Stop on a NaN/Inf loss, naming the step and the first non-finite term; ``last`` stays the last good one."""
-    if torch.isfinite(loss):
+def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir,
+                  every_term: bool = False) -> None:
+    """Stop on a NaN/Inf loss (or, with ``every_term``, any term), naming the step and the first non-finite term;
+    ``last`` stays the last good one."""
+    if torch.isfinite(loss) and not (every_term and not all(torch.isfinite(v) for v in terms.values())):
         return
     bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
     value = float(terms.get(bad, loss).detach())
@@ -93,14 +98,17 @@ def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDat
 
 
 def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer, step: int,
-               best: dict[str, Any]) -> None:
+               best: dict[str, Any], generator: Generator | None = None) -> None:
     optim_tensors, optim_meta = optimizer_to_flat(optimizer)
     tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict()),
                **prefixed("optim", optim_tensors), "rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_checkpoint(run.last, tensors, {"kind": "last", "step": step, "model_spec": model.spec,
-                                        "optimizer": optim_meta, "best": best})
+    state = {"kind": "last", "step": step, "model_spec": model.spec, "optimizer": optim_meta, "best": best}
+    if generator is not None:
+        generator_tensors, state["generator"] = generator.checkpoint_state()
+        tensors.update(prefixed("generator", generator_tensors))
+    save_checkpoint(run.last, tensors, state)
 
 
 def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, score: float) -> None:
@@ -131,9 +139,14 @@ def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Object
     return best
 
 
-def _resume(run: RunDir, model: Embedder, objective: Objective,
-            optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
+def _resume(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer,
+            generator: Generator | None = None) -> tuple[int, dict[str, Any]]:
     tensors, state = load_checkpoint(run.last)
+    if generator is not None:
+        if "generator" not in state:
+            raise DeepMetricError(f"cannot resume {run.path} with a generator: its checkpoint has none (add the "
+                                  "generator to a new run instead)")
+        generator.load_checkpoint_state(unprefixed("generator", tensors), state["generator"])
     model.load_state_dict(unprefixed("model", tensors))
     objective.load_state_dict(unprefixed("objective", tensors))
     optimizer_from_flat(optimizer, unprefixed("optim", tensors), state["optimizer"])
@@ -142,6 +155,36 @@ def _resume(run: RunDir, model: Embedder, objective: Objective,
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states)
     return int(state["step"]), state.get("best", {})
+
+
+def _build_generator(config: RunConfig, model: Embedder, num_classes: int,
+                     context: DistContext) -> Generator | None:
+    """The run's example generator (``generator.name``), or None: the plain pipeline."""
+    if config.generator.name is None:
+        return None
+    if context.enabled:
+        raise DeepMetricError("example generators (generator.name) run in one process; drop --nproc/torchrun")
+    batch_size = config.data.classes_per_batch * config.data.samples_per_class
+    return build_generator(config.generator.name, config.generator.options, head=model.head,
+                           num_classes=num_classes, batch_size=batch_size, lr=config.train.lr, seed=config.train.seed)
+
+
+def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, generator: Generator,
+                           train_part: RetrievalDataset, classes: np.ndarray, device: torch.device) -> None:
+    """Embed a seeded sample of training images (test transform) and let the generator draw its diagnostics;
+    the summary goes to ``RUN/generator.json``."""
+    count = min(generator.diagnostic_images, len(train_part))
+    embeddings, labels = torch.zeros(0, model.embedding_dim), np.zeros(0, dtype=np.int64)
+    if count > 0:
+        rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
+        part = train_part.subset(rows)
+        dataset = ImageDataset(part, TestTransform(config.data.image_size, config.data.test_resize))
+        loader = inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+        embeddings = torch.cat([model.embed(images.to(device)).cpu() for images, _, _ in loader])
+        labels = np.searchsorted(classes, part.labels)
+    summary = generator.write_diagnostics(run.path, embeddings, labels, [str(c) for c in classes])
+    atomic_write_text(run.path / "generator.json", json.dumps(summary, indent=2))
+    log.info("generator diagnostics: %s", summary)
 
 
 def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext) -> None:
@@ -194,11 +237,15 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     model = build_model(config).to(device)
     if not resume:
         initialize_head(model, config, train_part, device)
-    objective = build_objective(config.loss, model.head, num_classes=len(classes)).to(device)
+    generator = _build_generator(config, model, len(classes), context)
+    extra_classes = generator.extra_classes if generator is not None else 0
+    objective = build_objective(config.loss, model.head, num_classes=len(classes) + extra_classes).to(device)
     optimizer = build_optimizer(model, objective, t)
+    if generator is not None:
+        generator.to(device)
     start_step, best = 0, {"score": None, "step": None}
     if resume:
-        start_step, best = _resume(run, model, objective, optimizer)
+        start_step, best = _resume(run, model, objective, optimizer, generator)
         if context.is_main:
             run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
             log.info("resuming %s from step %d", run.path, start_step)
@@ -239,11 +286,15 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                 output = trained(images)
             if context.enabled:  # the objective sees the whole global batch, on every rank
                 output, labels = gather_output(output, len(images)), gather_labels(labels)
-            loss, terms = objective(output, labels)
+            generated = generator.generate(output, labels) if generator is not None else None
+            loss, terms = objective(output, labels, generated.rows() if generated is not None else None)
             _check_finite(loss, terms, step + 1, run)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if generator is not None:
+                terms.update(generator.step(output, labels))
+                _check_finite(loss, terms, step + 1, run, every_term=True)
             done = step + 1
             window_images += len(labels)
             value = float(loss.detach())
@@ -261,7 +312,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                 window_start = time.perf_counter()  # keep validation time out of the images/s figure
             signum = _stop_requested(stop.signum, context)
             if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum):
-                _save_last(run, model, objective, optimizer, done, best)
+                _save_last(run, model, objective, optimizer, done, best, generator)
             if signum:
                 bar.close()
                 context.barrier()
@@ -269,6 +320,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                                           f"checkpoint written to {run.last}; continue with --resume")
     bar.close()
     if context.is_main and start_step >= t.steps and not run.last.is_file():
-        _save_last(run, model, objective, optimizer, start_step, best)
+        _save_last(run, model, objective, optimizer, start_step, best, generator)
+    if generator is not None and context.is_main:
+        _generator_diagnostics(run, config, model, generator, train_part, classes, device)
     context.barrier()
     return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started)

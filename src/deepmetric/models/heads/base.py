@@ -53,6 +53,11 @@ class Head(nn.Module):
     A head that puts its local features in ``extras["feature_map"]`` sets ``feature_channels`` (their
     channels), so that regularisers on local features (HORDE) can size themselves.
 
+    A head whose embedding is a function of one pooled vector (GAP -> linear -> l2) sets ``pooled_dim``, puts
+    that vector in ``extras["pooled"]`` and implements ``encode(pooled) -> embedding``: example generators
+    (MIRAGE) decode embeddings back to that space and re-embed what they generate. ``normalized`` says whether
+    the embedding is l2-normalised.
+
     A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
     implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
     trunk features F of that many training images, without augmentation, batch by batch.
@@ -64,6 +69,8 @@ class Head(nn.Module):
     default_regularizers: dict[str, dict[str, Any]] = {}
     default_groups: dict[str, dict[str, Any]] = {}
     feature_channels: int | None = None
+    pooled_dim: int | None = None
+    normalized: bool = True
     init_images: int = 0
 
     @classmethod
@@ -110,6 +117,10 @@ class Head(nn.Module):
     def num_parts(self) -> int:
         """How many per-learner embeddings ``HeadOutput.parts`` holds."""
         return 1
+
+    def encode(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Embed (B, pooled_dim) pooled feature vectors; only heads that set ``pooled_dim`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no pooled-vector encoder")
 
     def forward(self, features: torch.Tensor) -> HeadOutput:  # pragma: no cover - abstract
         raise NotImplementedError

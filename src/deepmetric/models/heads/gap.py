@@ -6,6 +6,10 @@ parameter count (1024 x 512 on top of GoogLeNet) requires. ``embedding_dim=0`` s
 the l2-normalised pooled backbone features, i.e. the off-the-shelf baseline of an untrained model.
 ``use_tail=False`` pools the trunk's output F itself (the tail is not run): the first-order control of
 heads that pool F at a chosen ``model.split`` (``bilinear``, ``jcf``; thesis Table 4.2's baseline).
+``l2=False`` leaves the embedding unnormalised (MIRAGE's 2-D latent space of thesis Fig. 6.3b).
+
+The head is MIRAGE's encoder (thesis eq. 6.1, ``x = E(f) = W^T f / ||W^T f||``): it puts the pooled vector f in
+``extras["pooled"]`` and ``encode(f)`` re-embeds any (B, C) feature vectors, e.g. generated ones.
 """
 
 from __future__ import annotations
@@ -21,25 +25,32 @@ from .base import Head, HeadOutput
 class GAPHead(Head):
     pretrained_modules = ("tail",)
 
-    def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512):
+    def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512, l2: bool = True):
         super().__init__()
+        self.pooled_dim = in_channels  # size of extras["pooled"], the input of encode (MIRAGE's feature space)
+        self.normalized = l2
         self.tail = tail
         self.feature_channels = in_channels  # channels of extras["feature_map"], for regularisers (HORDE)
         self.embedding_dim = embedding_dim or in_channels
         self.embed = nn.Linear(in_channels, embedding_dim, bias=False) if embedding_dim else nn.Identity()
 
     @classmethod
-    def from_backbone(cls, backbone: Backbone, embedding_dim: int, use_tail: bool = True) -> GAPHead:
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, use_tail: bool = True, l2: bool = True) -> GAPHead:
         if use_tail:
-            return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim)
-        return cls(tail=nn.Identity(), in_channels=backbone.channels, embedding_dim=embedding_dim)
+            return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim, l2=l2)
+        return cls(tail=nn.Identity(), in_channels=backbone.channels, embedding_dim=embedding_dim, l2=l2)
 
     @classmethod
     def option_names(cls) -> list[str]:
-        return ["use_tail"]
+        return ["use_tail", "l2"]
+
+    def encode(self, pooled: torch.Tensor) -> torch.Tensor:
+        """E(f) (eq. 6.1): (B, C) pooled features -> (B, D) embeddings, l2-normalised unless ``l2=False``."""
+        embedding = self.embed(pooled)
+        return F.normalize(embedding, dim=1) if self.normalized else embedding
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         feature_map = self.tail(features)  # (B, C, h, w)
         pooled = feature_map.mean(dim=(2, 3))  # (B, C)
-        embedding = F.normalize(self.embed(pooled), dim=1)
-        return HeadOutput(embedding=embedding, parts=[embedding], extras={"feature_map": feature_map})
+        embedding = self.encode(pooled)
+        return HeadOutput(embedding=embedding, parts=[embedding], extras={"feature_map": feature_map, "pooled": pooled})

@@ -1,0 +1,185 @@
+"""MIRAGE (thesis ch. 6): labels, batch composition, who updates what, the plain pipeline when off, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepmetric.cli import main
+from deepmetric.config import build_config
+from deepmetric.errors import ConfigError
+from deepmetric.generators import MirageGenerator, build_generator
+from deepmetric.generators.mirage import reconstruction_loss
+from deepmetric.losses import build_objective
+from deepmetric.training import train
+from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+from deepmetric.training.setup import build_model
+from helpers import tiny_config
+
+NUM_CLASSES = 5
+
+
+def setup(**options):
+    torch.manual_seed(0)
+    config = tiny_config()
+    model = build_model(config)
+    generator = build_generator("mirage", options, head=model.head, num_classes=NUM_CLASSES, batch_size=12, lr=1e-3,
+                                seed=0)
+    images = torch.rand(12, 3, 16, 16)
+    labels = torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4])
+    return config, model, generator, images, labels
+
+
+def snapshot(params):
+    return [p.detach().clone() for p in params]
+
+
+def changed(before, params):
+    return [not torch.equal(a, p.detach()) for a, p in zip(before, params, strict=True)]
+
+
+def test_virtual_labels_never_share_a_real_label_and_rows_are_unit_vectors():
+    _, model, generator, images, labels = setup(mode="both", virtual_ratio=2.0)
+    output = model(images)
+    batch = generator.generate(output, labels)
+    assert generator.num_virtual == 10 and generator.extra_classes == 10
+    real = set(labels.tolist())
+    examples = batch.labels[:batch.examples]
+    virtual, training = examples[examples >= NUM_CLASSES], examples[examples < NUM_CLASSES]
+    assert len(virtual) == 6 and len(training) == 6
+    proxies = batch.labels[batch.examples:]  # the prototypes of the batch's classes and of the drawn virtual ones
+    assert proxies[:3].tolist() == [0, 2, 4] and set(proxies[3:].tolist()) == set(virtual.tolist())
+    assert not set(virtual.tolist()) & set(range(NUM_CLASSES))  # never a training label
+    assert set(training.tolist()) <= real  # training-class rows come from the batch's classes (they have positives)
+    assert torch.allclose(batch.embeddings.norm(dim=1), torch.ones(len(batch.labels)), atol=1e-5)  # E is l2
+    eps = generator.sample_noise(4)
+    assert torch.allclose(generator.noisy(generator.prototypes[:4], eps).norm(dim=1), torch.ones(4))  # G's input
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"mode": "both"}, (6, 6)), ({"mode": "both", "batch_ratio": 2.0}, (12, 12)),
+    ({"mode": "tcg", "batch_ratio": 0.5}, (6, 0)), ({"mode": "tcg", "batch_ratio": 4.0}, (48, 0)),
+    ({"mode": "virtual"}, (0, 12)), ({"mode": "virtual", "virtual_ratio": 0.0}, (0, 0)),
+    ({"mode": "both", "virtual_fraction": 0.25}, (9, 3)), ({"mode": "none"}, (0, 0)),
+])
+def test_batch_composition_follows_the_ratios(options, expected):
+    _, model, generator, images, labels = setup(**options)
+    batch = generator.generate(model(images), labels)
+    generated = torch.empty(0) if batch is None else batch.labels[:batch.examples]
+    n_t, n_v = int((generated < NUM_CLASSES).sum()), int((generated >= NUM_CLASSES).sum())
+    assert (n_t, n_v) == expected
+    assert n_t + n_v == round(options.get("batch_ratio", 1.0) * len(labels)) or expected == (0, 0)
+    virtual_ratio = options.get("virtual_ratio", 1.0) if options["mode"] in ("both", "virtual") else 0
+    assert generator.num_virtual == round(virtual_ratio * NUM_CLASSES)
+    if n_v:  # virtual rows come in classes of K = 4 (the real batch's samples per class), so they have positives
+        _, counts = torch.unique(generated[generated >= NUM_CLASSES], return_counts=True)
+        assert counts.min() >= min(4, n_v) and len(counts) == max(1, n_v // 4)
+
+
+def test_gradients_go_where_the_thesis_says():
+    config, model, generator, images, labels = setup(mode="both")
+    objective = build_objective(config.loss, model.head, NUM_CLASSES + generator.extra_classes)
+    output = model(images)
+    batch = generator.generate(output, labels)
+    loss, _ = objective(output, labels, batch.rows())
+    loss.backward()
+    # L_DML: backbone, encoder E (the head's embedding layer) and prototypes; not G, not D
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.trunk.parameters())
+    assert model.head.embed.weight.grad.abs().sum() > 0
+    grad = generator.prototypes.grad
+    assert grad[:NUM_CLASSES].abs().sum() > 0 and grad[NUM_CLASSES:].abs().sum() > 0
+    assert all(p.grad is None for p in generator.generator.parameters())
+    assert all(p.grad is None for p in generator.discriminator_parameters())
+
+    head_grad = model.head.embed.weight.grad.clone()
+    features, real = output.extras["pooled"].detach(), output.embedding.detach()
+    g_params, d_params = list(generator.generator.parameters()), generator.discriminator_parameters()
+    g0, d0 = snapshot(g_params), snapshot(d_params)
+    generator.discriminator_step(real, labels)  # D step: D moves, G does not
+    assert all(changed(d0, d_params)) and not any(changed(g0, g_params))
+    d1 = snapshot(d_params)
+    proto_grad = generator.prototypes.grad.clone()
+    generator.generator_step(features, real)  # G step: G moves, D does not, E gets nothing
+    assert all(changed(g0, g_params)) and not any(changed(d1, d_params))
+    assert torch.equal(model.head.embed.weight.grad, head_grad)
+    adversarial = generator.prototypes.grad - proto_grad  # only the virtual prototypes get the adversarial gradient
+    assert adversarial[:NUM_CLASSES].abs().sum() == 0 and adversarial[NUM_CLASSES:].abs().sum() > 0
+
+
+def test_reconstruction_is_l1_plus_squared_l2():
+    f, g = torch.randn(3, 7), torch.randn(3, 7)
+    expected = sum(float((f[i] - g[i]).abs().sum() + ((f[i] - g[i]) ** 2).sum()) for i in range(3)) / 3
+    assert float(reconstruction_loss(f, g)) == pytest.approx(expected, rel=1e-6)
+
+
+def model_tensors(path):
+    tensors, state = load_checkpoint(path)
+    return unprefixed("model", tensors), tensors, state
+
+
+@pytest.mark.parametrize("options", [{"mode": "none"}, {"mode": "tcg", "batch_ratio": 0.0}])
+def test_with_generation_off_training_is_the_plain_pipeline(tmp_path, options):
+    train(tiny_config(train={"steps": 2}), tmp_path / "plain", progress=False)
+    train(tiny_config(train={"steps": 2}, generator={"name": "mirage", "options": options}), tmp_path / "off",
+          progress=False)
+    a, _, _ = model_tensors(tmp_path / "plain/checkpoints/last.safetensors")
+    b, tensors, _ = model_tensors(tmp_path / "off/checkpoints/last.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(k.startswith("generator.") for k in tensors)
+
+
+def test_mirage_changes_training_and_resumes_exactly(tmp_path):
+    config = tiny_config(train={"steps": 4, "checkpoint_every": 2}, generator={"name": "mirage"})
+    train(config, tmp_path / "straight", progress=False)
+    train(tiny_config(train={"steps": 2, "checkpoint_every": 2}, generator={"name": "mirage"}), tmp_path / "resumed",
+          progress=False)
+    train(config, tmp_path / "resumed", resume=True, progress=False)
+    _, a, _ = model_tensors(tmp_path / "straight/checkpoints/last.safetensors")
+    _, b, state = model_tensors(tmp_path / "resumed/checkpoints/last.safetensors")
+    assert state["step"] == 4 and a.keys() == b.keys()
+    # model, optimiser, generator, its optimisers, its noise stream (torch's global stream is not compared: the data
+    # loader draws its base seed from it when a run (re)starts, in plain runs as well)
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "rng.torch")
+    train(tiny_config(train={"steps": 4}), tmp_path / "plain", progress=False)
+    _, c, _ = model_tensors(tmp_path / "plain/checkpoints/last.safetensors")
+    assert not torch.equal(a["model.head.embed.weight"], c["model.head.embed.weight"])
+    log = [json.loads(line) for line in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()]
+    assert all({"mirage_rec", "mirage_disc", "mirage_adv_g"} <= set(r) for r in log if "loss" in r)
+
+
+def test_options_are_checked():
+    with pytest.raises(ConfigError, match="has no option 'batch_ration'.*did you mean 'batch_ratio'"):
+        build_config({"generator": {"name": "mirage", "options": {"batch_ration": 1}}})
+    with pytest.raises(ConfigError, match="unknown generator 'mirag'"):
+        build_config({"generator": {"name": "mirag"}})
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        _, model, *_ = setup()
+        MirageGenerator(model.head, 5, 12, mode="all")
+
+
+def test_cli_flag_and_2d_diagnostics(tmp_path, capsys):
+    """--generator on the digits data in a 2-D latent space without l2: the thesis' Fig. 6.3b picture."""
+    out = tmp_path / "run"
+    code = main(["train", "--data", "digits", "--backbone", "tiny", "--steps", "3", "--quiet", "--no-test",
+                 "--generator", "mirage", "--out", str(out), "model.pretrained=false", "model.embedding_dim=2",
+                 "model.head_options={l2: false}", "loss.name=contrastive-euclidean", "loss.options={unit: false}",
+                 "data.image_size=16", "data.classes_per_batch=3", "data.samples_per_class=4", "train.lr=1e-3",
+                 "generator.options.diagnostic_images=200"])
+    capsys.readouterr()
+    assert code == 0
+    summary = json.loads((out / "generator.json").read_text())
+    assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0 and summary["virtual_prototypes"] == 5
+    for name in ("mirage-prototypes.png", "mirage-latent2d.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_head_without_a_pooled_encoder_trains_in_its_embedding_space(tmp_path):
+    """ABE (two learners, metric loss per part): f = the embedding, E = l2; generated rows are cut into parts."""
+    config = tiny_config(train={"steps": 2}, model={"head": "abe", "head_options": {"num_learners": 2}},
+                         generator={"name": "mirage", "options": {"diagnostic_images": 0}})
+    train(config, tmp_path / "abe", progress=False)
+    _, tensors, _ = model_tensors(tmp_path / "abe/checkpoints/last.safetensors")
+    assert tensors["generator.module.generator.2.weight"].shape == (16, 512)  # G decodes to the 16-d embedding
+    assert json.loads((tmp_path / "abe/generator.json").read_text())["virtual_prototypes"] == 5
