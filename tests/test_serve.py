@@ -253,3 +253,10 @@ def test_concurrent_clients_over_loopback(searcher, gallery_index):
         assert load(6) == []
         growth = rss_bytes() - before
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MB over 48 more requests"
+
+
+def test_serve_binds_this_machine_only_by_default():
+    from deepmetric.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "some.index"])
+    assert args.host == "127.0.0.1"
