@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -111,13 +110,10 @@ def main() -> None:
         ratio = f"{row['ratio_to_matmul']:.2f}" if base else "-"
         speedup = f"{row['pml_over_this']:.2f}" if pml else "-"
         print(f"{phase:<12}{row['seconds']:>10.1f}{ratio:>10}{speedup:>12}{row['peak_rss_mb']:>10.0f}")
-    import torch
+    from _results import environment, write_result
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "eval_speed", "n": args.n, "classes": args.classes, "dim": args.dim,
-                               "nmi": args.nmi, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                               "machine": platform.processor() or platform.machine(), "phases": rows}, indent=2) + "\n")
+    write_result(args.out, {"benchmark": "eval_speed", "n": args.n, "classes": args.classes, "dim": args.dim,
+                            "nmi": args.nmi, **environment(), "phases": rows})
 
 
 if __name__ == "__main__":

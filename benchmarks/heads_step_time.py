@@ -14,13 +14,12 @@ Prints a table and writes benchmarks/results/heads_step_time.json.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _results import environment, write_result
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepmetric import create_model
@@ -85,11 +84,8 @@ def main() -> None:
         print(f"{row['model']:<32}{row['gmacs_forward']:>8.2f}{paper:>8}{row['seconds_per_image']:>10.3f}"
               f"{row['time_ratio']:>9.2f}{row['flop_ratio']:>9.2f}{row['time_over_flop_ratio']:>11.2f}")
     result = {"benchmark": "heads_step_time", "backbone": args.backbone, "image_size": args.size,
-              "batch": args.batch, "repeats": args.repeats, "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "rows": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+              "batch": args.batch, "repeats": args.repeats, **environment(), "rows": rows}
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _results import environment, write_result
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepmetric import create_model
@@ -90,8 +89,7 @@ def main() -> None:
     result = {
         "benchmark": "horde_overhead", "backbone": args.backbone, "image_size": args.size, "batch": args.batch,
         "feature_map": list(feature_map.shape[1:]), "horde": horde, "repeats": args.repeats,
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        **environment(),
         "median_seconds": median, "all_seconds": times, "flops": counted, "parameters": parameters,
         "time_ratio": time_ratio, "flop_ratio": flop_ratio,
         "time_ratio_within_10pct_of_flop_ratio": abs(time_ratio - flop_ratio) <= 0.1 * flop_ratio,
@@ -102,9 +100,7 @@ def main() -> None:
     for name in setups:
         print(f"{name:<10}{median[name]:>15.3f}{counted[name] / 1e9:>12.1f}{parameters[name]:>14,}")
     print(f"time ratio {time_ratio:.2f}, FLOP ratio {flop_ratio:.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import multiprocessing
-import platform
 import statistics
 import tempfile
 import time
@@ -33,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from _results import environment, write_result
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -185,11 +184,9 @@ def main() -> None:
         print(f"{name:<26}{row['p50_ms']:>9.1f}{row['p99_ms']:>9.1f}{row['throughput_rps']:>9.1f}"
               f"{row['p50_over_reference']:>11.2f}{row['throughput_over_reference']:>13.2f}{row.get('errors', 0):>8}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "serve_load", "n": args.n, "dim": args.dim, "image_size": args.size,
-                               "k": args.k, "requests_per_level": args.requests, "workers": args.workers,
-                               "threads": torch.get_num_threads(), "torch": torch.__version__,
-                               "machine": platform.processor() or platform.machine(), "rows": rows}, indent=2) + "\n")
+    write_result(out, {"benchmark": "serve_load", "n": args.n, "dim": args.dim, "image_size": args.size,
+                       "k": args.k, "requests_per_level": args.requests, "workers": args.workers, **environment(),
+                       "rows": rows})
     print(f"wrote {out}")
 
 

@@ -11,13 +11,12 @@ Prints a table and writes benchmarks/results/train_step_layout.json.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _results import environment, write_result
 
 from deepmetric import create_model
 from deepmetric.losses import BinomialDevianceLoss
@@ -60,8 +59,7 @@ def main() -> None:
     median = {layout: statistics.median(values) for layout, values in times.items()}
     result = {
         "benchmark": "train_step_layout", "backbone": args.backbone, "image_size": args.size, "batch": args.batch,
-        "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        "repeats": args.repeats, **environment(),
         "median_seconds": median,
         "images_per_second": {k: args.batch / v for k, v in median.items()},
         "speedup_channels_last": median["contiguous"] / median["channels_last"],
@@ -70,9 +68,7 @@ def main() -> None:
     for layout in times:
         print(f"{layout:<15}{median[layout]:>15.3f}{args.batch / median[layout]:>12.1f}")
     print(f"channels-last speed-up: {result['speedup_channels_last']:.2f}x")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -231,6 +231,14 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
+    """The options every command that loads a run's model shares: checkpoint, batch size, progress."""
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    if batch_size:
+        p.add_argument("--batch-size", type=int)
+    p.add_argument("--quiet", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepmetric", description="Zero-shot image retrieval by deep metric "
                                      "learning: train, evaluate, embed, explain.")
@@ -284,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--images", required=True, help="an image file or a folder of images")
     p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--quiet", action="store_true")
+    _add_run_options(p)
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("index", help="embed a gallery with a trained run into a faiss index (or --add to one)",
@@ -300,9 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 1,000 images)")
     p.add_argument("--nlist", type=int, help="IVF-PQ cells (default about 4 sqrt(N), at most N / 39)")
     p.add_argument("--pq-m", type=int, help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--quiet", action="store_true")
+    _add_run_options(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
@@ -342,8 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "attention overlays (heads with attention), a t-SNE map of test embeddings, the config. "
                        "deepmetric train writes it after the test evaluation (eval.report=false turns that off).")
     p.add_argument("run_dir")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
-    p.add_argument("--quiet", action="store_true")
+    _add_run_options(p, batch_size=False)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("explain", help="overlay each group's attention map on images (heads with attention)",
@@ -357,9 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split of --data (test)")
     p.add_argument("--top", type=int, default=12, help="images per group for --data (12, as DGML's figures)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--quiet", action="store_true")
+    _add_run_options(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")

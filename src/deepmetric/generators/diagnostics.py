@@ -9,33 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..training.checkpoint import atomic_write_bytes
+from ..viz.render import figure_png, project_2d
 
 
 def _save(figure: Figure, path: Path) -> None:
-    import io
-
-    FigureCanvasAgg(figure)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buffer.getvalue())
-
-
-def project_2d(points: np.ndarray, method: str = "tsne", seed: int = 0) -> np.ndarray:
-    """(N, D) -> (N, 2) by t-SNE (PCA-initialised) or PCA; D <= 2 is returned as is (padded)."""
-    if points.shape[1] <= 2:
-        return np.pad(points, ((0, 0), (0, 2 - points.shape[1])))
-    if method == "tsne" and len(points) >= 8:
-        from sklearn.manifold import TSNE
-
-        perplexity = float(min(30.0, (len(points) - 1) / 3))
-        return TSNE(2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(points)
-    from sklearn.decomposition import PCA
-
-    return PCA(2, random_state=seed).fit_transform(points)
+    atomic_write_bytes(path, figure_png(figure, dpi=110, tight=True))
 
 
 def prototype_map(path: Path, prototypes: torch.Tensor, num_training: int, method: str, seed: int,

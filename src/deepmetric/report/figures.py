@@ -6,38 +6,28 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
 from ..data.table import RetrievalDataset
 from ..evaluation.knn import knn
+from ..viz.render import figure_png, project_2d
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(figure) -> bytes:
-    buffer = io.BytesIO()
+def _png(figure: Figure) -> bytes:
     figure.tight_layout()
-    figure.savefig(buffer, format="png")
-    _pyplot().close(figure)
-    return buffer.getvalue()
+    return figure_png(figure)
 
 
 def training_curves(log: list[dict[str, Any]]) -> bytes:
     """Every logged loss term against the step, and the validation metrics beside them."""
-    plt = _pyplot()
     steps = [r for r in log if "loss" in r]
     validation = [r for r in log if r.get("split") == "val"]
     terms = [k for k in (steps[0] if steps else {}) if k not in ("step", "lr", "images_per_s")]
-    figure, axes = plt.subplots(1, 2 if validation else 1, figsize=(11 if validation else 6, 3.6), dpi=100,
-                                squeeze=False)
+    figure = Figure(figsize=(11 if validation else 6, 3.6), dpi=100)
+    axes = figure.subplots(1, 2 if validation else 1, squeeze=False)
     for term in terms:
         axes[0, 0].plot([r["step"] for r in steps], [r[term] for r in steps], label=term)
     axes[0, 0].set(xlabel="step", ylabel="loss (unweighted terms)", title="training")
@@ -56,8 +46,8 @@ def training_curves(log: list[dict[str, Any]]) -> bytes:
 
 def recall_curve(curves: dict[str, dict[str, float]]) -> bytes:
     """Recall@K against K (log scale) for each named set of metrics."""
-    plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(6, 3.6), dpi=100)
+    figure = Figure(figsize=(6, 3.6), dpi=100)
+    axis = figure.subplots()
     for name, metrics in curves.items():
         ks = sorted(int(k.split("@")[1]) for k in metrics if k.startswith("recall@"))
         axis.plot(ks, [100 * metrics[f"recall@{k}"] for k in ks], "o-", label=name)
@@ -103,19 +93,15 @@ def retrieval_grid(table: RetrievalDataset, embeddings: np.ndarray, queries: int
 def embedding_map(embeddings: np.ndarray, labels: np.ndarray, max_classes: int = 12, seed: int = 0,
                   class_names: dict[int, str] | None = None) -> bytes:
     """t-SNE (cosine) of the test embeddings of up to ``max_classes`` random classes, coloured by class."""
-    from sklearn.manifold import TSNE
-
-    plt = _pyplot()
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     shown = rng.choice(classes, size=min(max_classes, len(classes)), replace=False)
     keep = np.isin(labels, shown)
     x, y = embeddings[keep], labels[keep]
-    perplexity = float(min(30, max(2, (len(x) - 1) / 3)))
-    points = TSNE(n_components=2, metric="cosine", init="pca", perplexity=perplexity,
-                  random_state=seed).fit_transform(x)
-    figure, axis = plt.subplots(figsize=(6.5, 5), dpi=100)
-    colours = plt.get_cmap("tab20")
+    points = project_2d(x, "tsne", seed, metric="cosine")
+    figure = Figure(figsize=(6.5, 5), dpi=100)
+    axis = figure.subplots()
+    colours = matplotlib.colormaps["tab20"]
     for i, label in enumerate(sorted(shown)):
         mask = y == label
         name = (class_names or {}).get(int(label), str(label))

@@ -70,17 +70,17 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
 
 def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     """Grouped bars of Recall@1 and MAP@R (mean ± std) per variant, as PNG bytes."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..viz.render import figure_png
 
     metrics, summary = summarise(rows)
     shown = [m for m in ("recall@1", "map@r") if m in metrics]
     variants = list(summary)
     x = np.arange(len(variants))
     width = 0.8 / max(len(shown), 1)
-    figure, axis = plt.subplots(figsize=(max(6, 1.2 * len(variants) + 2), 4), dpi=110)
+    figure = Figure(figsize=(max(6, 1.2 * len(variants) + 2), 4), dpi=110)
+    axis = figure.subplots()
     for i, m in enumerate(shown):
         means = [100 * summary[v][m][0] for v in variants]
         stds = [100 * summary[v][m][1] for v in variants]
@@ -91,10 +91,7 @@ def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     axis.legend()
     axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure_png(figure)
 
 
 def write_results(spec: StudySpec, rows: list[dict[str, Any]]) -> dict[str, Path]:

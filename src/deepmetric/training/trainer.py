@@ -85,14 +85,21 @@ def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int,
     raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
 
 
+def _training_sample(config: RunConfig, train_part: RetrievalDataset,
+                     count: int) -> tuple[RetrievalDataset, torch.utils.data.DataLoader]:
+    """A seeded sample of ``count`` training rows (in row order) and a loader of them with the test transform."""
+    rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
+    part = train_part.subset(rows)
+    dataset = ImageDataset(part, TestTransform(config.data.image_size, config.data.test_resize))
+    return part, inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+
+
 def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDataset, device: torch.device) -> None:
     """Give the head the training images it asks for (``Head.init_images``): a seeded sample, test transform."""
     count = min(int(getattr(model.head, "init_images", 0)), len(train_part))
     if count <= 0:
         return
-    rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
-    dataset = ImageDataset(train_part.subset(rows), TestTransform(config.data.image_size, config.data.test_resize))
-    loader = inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+    _, loader = _training_sample(config, train_part, count)
     log.info("initialising the %s head from %d training images", config.model.head, count)
     model.initialize_head(images.to(device) for images, _, _ in loader)
 
@@ -176,10 +183,7 @@ def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, gene
     count = min(generator.diagnostic_images, len(train_part))
     embeddings, labels = torch.zeros(0, model.embedding_dim), np.zeros(0, dtype=np.int64)
     if count > 0:
-        rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
-        part = train_part.subset(rows)
-        dataset = ImageDataset(part, TestTransform(config.data.image_size, config.data.test_resize))
-        loader = inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
+        part, loader = _training_sample(config, train_part, count)
         embeddings = torch.cat([model.embed(images.to(device)).cpu() for images, _, _ in loader])
         labels = np.searchsorted(classes, part.labels)
     summary = generator.write_diagnostics(run.path, embeddings, labels, [str(c) for c in classes])

@@ -9,14 +9,14 @@ no display needed.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from .render import figure_png
 
 COLORMAP = "jet"
 ALPHA = 0.5
@@ -33,13 +33,6 @@ def _colour_scale(maps: Sequence[np.ndarray]) -> tuple[float, float]:
     low = min(float(m.min()) for m in maps)
     high = max(float(m.max()) for m in maps)
     return low, max(high, low + 1e-6)
-
-
-def _png(figure: Figure) -> bytes:
-    FigureCanvasAgg(figure)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    return buffer.getvalue()
 
 
 def _tile(axes, image: np.ndarray, overlay: np.ndarray | None, scale: tuple[float, float], title: str):
@@ -69,7 +62,7 @@ def image_overlays(image: np.ndarray, maps: torch.Tensor, title: str = "") -> by
     figure.colorbar(mappable, ax=list(grid), fraction=0.02, pad=0.01, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=8)
-    return _png(figure)
+    return figure_png(figure, dpi=100)
 
 
 def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]]], title: str = "") -> bytes:
@@ -94,4 +87,4 @@ def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]
     figure.colorbar(mappable, ax=grid.ravel().tolist(), fraction=0.015, pad=0.01, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=9)
-    return _png(figure)
+    return figure_png(figure, dpi=100)

@@ -1,0 +1,36 @@
+"""Shared drawing plumbing: a matplotlib ``Figure`` to PNG bytes, and a 2-D projection of embeddings.
+
+Figures are built with ``matplotlib.figure.Figure`` on the Agg canvas: no pyplot, no global backend state,
+no display needed, nothing to close.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def figure_png(figure: Figure, dpi: float | None = None, tight: bool = False) -> bytes:
+    """The figure rendered as PNG bytes (``tight``: crop to the drawn area)."""
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi or figure.dpi, bbox_inches="tight" if tight else None)
+    return buffer.getvalue()
+
+
+def project_2d(points: np.ndarray, method: str = "tsne", seed: int = 0, metric: str = "euclidean") -> np.ndarray:
+    """(N, D) -> (N, 2) by t-SNE (PCA-initialised, perplexity min(30, (N - 1) / 3)) or PCA; t-SNE needs at
+    least 8 points (PCA below that); D <= 2 is returned as is (padded to 2 columns)."""
+    if points.shape[1] <= 2:
+        return np.pad(points, ((0, 0), (0, 2 - points.shape[1])))
+    if method == "tsne" and len(points) >= 8:
+        from sklearn.manifold import TSNE
+
+        perplexity = float(min(30.0, (len(points) - 1) / 3))
+        return TSNE(2, perplexity=perplexity, init="pca", metric=metric, random_state=seed).fit_transform(points)
+    from sklearn.decomposition import PCA
+
+    return PCA(2, random_state=seed).fit_transform(points)
