@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from deepmetric import create_model
+from deepmetric.errors import ConfigError
 from deepmetric.losses import ABEDivergenceLoss, EuclideanContrastiveLoss
 from deepmetric.models.heads import HeadOutput
 from deepmetric.models.heads.attention import DimensionWiseSelection, FeatureWiseSelection
@@ -92,6 +93,35 @@ def test_pre_attention_merge_is_the_hadamard_product_with_duplicated_features_an
     duplicated = features.unsqueeze(1).expand(-1, 4, -1, -1, -1)  # F ⊗ 1_N
     assert torch.allclose(seen[0], (duplicated * maps).flatten(0, 1))  # eq. 13
     assert pooled.shape == (3, 4, 32)
+
+
+@pytest.mark.parametrize("head_options", [{"head": "diablo", "num_entries": 4}, {"head": "abe", "num_learners": 4}])
+def test_chunked_tail_gives_the_same_embeddings_and_gradients(head_options):
+    def run(tail_chunk):
+        torch.manual_seed(0)
+        model = create_model("tiny", pretrained=False, embedding_dim=16, tail_chunk=tail_chunk, **head_options)
+        calls = []
+        model.head.psi.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+        out = model.train()(torch.rand(3, 3, 32, 32))
+        (out.embedding.sum() + sum(p[:, 0].sum() for p in out.parts)).backward()
+        return out.embedding, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, calls
+
+    whole, whole_grads, whole_calls = run(None)
+    chunked, chunked_grads, chunked_calls = run(5)
+    assert whole_calls == [12] and chunked_calls == [5, 5, 2]  # B·N = 12 maps
+    assert torch.allclose(whole, chunked, atol=1e-6)
+    assert whole_grads.keys() == chunked_grads.keys()
+    assert all(torch.allclose(whole_grads[n], chunked_grads[n], atol=1e-5) for n in whole_grads)
+
+
+def test_tail_runs_unchunked_while_its_batchnorm_is_training():
+    model = create_model("tiny", head="abe", num_learners=4, pretrained=False, embedding_dim=16, freeze_bn=False,
+                         tail_chunk=2)
+    merged = torch.rand(8, 8, 16, 16)
+    assert model.train().head.chunk_size(merged) is None  # batch statistics of the whole B·N batch
+    assert model.eval().head.chunk_size(merged) == 2
+    with pytest.raises(ConfigError, match="tail_chunk"):
+        create_model("tiny", head="diablo", pretrained=False, tail_chunk=0)
 
 
 def test_feature_wise_post_attention_weights_psi_of_f():

@@ -59,6 +59,23 @@ def test_topk_stable_fixes_ties_at_the_boundary():
     assert indices.tolist() == [[1, 0, 2]] and values.tolist() == [[0.75, 0.5, 0.5]]
 
 
+@pytest.mark.parametrize("levels", [3, 20, 1000, None])  # heavy ties ... no ties
+@pytest.mark.parametrize("k,n", [(3, 61), (3, 203), (10, 173), (10, 1001)])
+def test_topk_stable_equals_a_stable_full_sort_on_wide_rows(levels, k, n):
+    # n >= 2 * GROUP * (k + 1) takes the grouped selection (with n % GROUP leftover columns); the others the
+    # whole-row path; both must give exactly the stable sort's first k
+    generator = torch.Generator().manual_seed(k * n)
+    sims = torch.rand(64, n, generator=generator)
+    if levels is not None:
+        sims = (sims * levels).floor() / levels
+    sims[0, :] = 0.5  # a row of one value
+    sims[1, ::7] = 1.0  # the best values spread over the groups
+    values, indices = topk_stable(sims, k)
+    expected_values, expected_indices = torch.sort(sims, dim=1, descending=True, stable=True)
+    assert torch.equal(indices, expected_indices[:, :k])
+    assert torch.equal(values, expected_values[:, :k])
+
+
 def test_own_row_is_removed_by_index_not_by_position():
     # Row 1 duplicates row 0 exactly but belongs to another class. Removing "the first neighbour"
     # could drop row 1 instead of row 0 itself; removal by index keeps row 1 as q0's nearest neighbour.

@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recall-at", default="1,2,4,8", help="ranks K of Recall@K (default 1,2,4,8)")
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means)")
     p.add_argument("--engine", default="auto", choices=["auto", "torch", "faiss"],
-                   help="kNN engine (auto: faiss when installed); both give the same numbers")
+                   help="kNN engine (auto: torch, the faster on CPU); both exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
     p.set_defaults(func=cmd_metrics)
     return parser

@@ -126,7 +126,8 @@ class EvalConfig:
     batch_size: int = 128
     nmi: bool = True
     engine: str = "auto"
-    """kNN engine: auto (faiss when installed), torch or faiss; both rank identically."""
+    """kNN engine: auto (= torch, the faster on CPU), torch or faiss; both exact (they may order neighbours
+    whose similarities differ by a float rounding error differently)."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
     report: bool = True

@@ -2,17 +2,22 @@
 
 Memory is bounded by ``block_rows x n_gallery`` similarities at a time (about ``memory_mb``), so an
 SOP-sized set (60,502 x 60,502) never materialises its full similarity matrix. Neighbours are ordered
-by decreasing similarity and, among exactly equal similarities, by increasing gallery index, so the
-result (and every metric computed from it) does not depend on the block size, the engine or the hardware.
-A query's own gallery row (``self_index``) is removed by index, never by position.
+by decreasing similarity and, among exactly equal similarities, by increasing gallery index, and a query's
+own gallery row (``self_index``) is removed by index, never by position: the same similarities always give
+the same neighbours. The similarities are float32 products, and their last bit depends on the product
+kernel (BLAS picks different kernels for blocks of a few rows than for large ones, and the faiss engine
+re-scores by another kernel): two set-ups can order neighbours whose similarities differ by a rounding
+error differently, which moves the metrics of an SOP-sized set in about the fifth decimal.
 
-Two engines give the same neighbours:
+Two engines:
 
-- ``torch``: a block of similarities by one matrix product, then the top-k;
+- ``torch`` (the default, ``auto``): a block of similarities by one matrix product, then the grouped top-k
+  of ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes 1.4 times the bare products;
 - ``faiss`` (when installed): faiss' exact inner-product search proposes ``k + margin`` candidates, whose
-  similarities are recomputed with the same torch product and sorted by the rule above; a row whose
-  candidates might not contain the true top-k (ties reaching the end of the candidate list) is
-  recomputed by the torch engine.
+  similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
+  contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
+  It is slower on CPU (2.3 times the bare products: the re-scoring gathers k rows of the gallery per
+  query) and kept for comparison (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def faiss_available() -> bool:
 
 def resolve_engine(engine: str) -> str:
     if engine == "auto":
-        return "faiss" if faiss_available() else "torch"
+        return "torch"  # faster than the faiss engine on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
     if engine not in ("torch", "faiss"):
         raise DeepMetricError(f"kNN engine must be auto, torch or faiss, got '{engine}'")
     if engine == "faiss" and not faiss_available():
@@ -50,22 +55,71 @@ def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
     return max(1, int(memory_mb * 2**20 / (4 * max(n_gallery, 1) * 3)))
 
 
+GROUP = 8  # groups per row in the grouped selection of ``topk_stable``
+
+
 def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise top-``k`` of ``sims`` ordered by (similarity desc, index asc), exact under ties."""
-    values, indices = sims.topk(k, dim=1)
-    kth = values[:, -1:]
-    need = k - (sims > kth).sum(dim=1)
-    straddling = (sims == kth).sum(dim=1) > need  # ties cross the k boundary: topk chose arbitrarily
+    """Row-wise top-``k`` of ``sims`` ordered by (similarity desc, index asc), exact under ties.
+
+    Wide rows go through a grouped selection that never selects over the whole row. Column c < G·w (w =
+    n // G) belongs to group ``c mod w``, so each group holds G columns a stride w apart and its maximum
+    is one element-wise maximum of G contiguous slices; the k+1 groups with the largest maxima are kept,
+    and the top-k is taken among their G·(k+1) members and the (< G) leftover columns. That is exact
+    whenever the smallest kept maximum M is below the k-th value found (every dropped column is at most M)
+    and the k-th and (k+1)-th candidates differ (no tie crosses the boundary); the rare rows where either
+    fails are redone over the whole row.
+    """
+    b, n = sims.shape
+    width = n // GROUP
+    if width < 2 * (k + 1):
+        return _topk_whole_rows(sims, k)
+    main = GROUP * width
+    strided = sims[:, :main].unflatten(1, (GROUP, width))  # (b, G, w): group r is column r of every slice
+    group_max, kept = strided.amax(dim=1).topk(k + 1, dim=1, sorted=False)  # (b, k + 1)
+    members = strided.gather(2, kept[:, None, :].expand(-1, GROUP, -1)).flatten(1)  # (b, G·(k + 1))
+    candidates = torch.cat([members, sims[:, main:]], dim=1)
+    values, position = candidates.topk(k + 1, dim=1)
+    slice_, group = position // (k + 1), position % (k + 1)
+    columns = slice_ * width + kept.gather(1, group)
+    leftover = position >= members.shape[1]
+    indices = torch.where(leftover, position - members.shape[1] + main, columns)
+    unsure = (values[:, k] == values[:, k - 1]) | (group_max.amin(dim=1) >= values[:, k - 1])
+    values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
+    if unsure.any():
+        rows = unsure.nonzero().squeeze(1)
+        values[rows], indices[rows] = _topk_whole_rows(sims[rows], k)
+    return order_ties_by_index(values, indices)
+
+
+def _topk_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_stable`` by one selection over the whole row; a tie crosses the k boundary exactly when the
+    (k+1)-th value equals the k-th, and only those rows are redone by a stable sort."""
+    if k >= sims.shape[1]:
+        values, indices = sims.topk(k, dim=1)
+        return order_ties_by_index(values, indices)
+    values, indices = sims.topk(k + 1, dim=1)  # sorted by value; the order among equal values is arbitrary
+    straddling = values[:, k] == values[:, k - 1]
+    values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
     if straddling.any():
         rows = straddling.nonzero().squeeze(1)
         order = torch.sort(sims[rows], dim=1, descending=True, stable=True).indices[:, :k]
         indices[rows] = order
         values[rows] = sims[rows].gather(1, order)
-    return sort_candidates(values, indices)
+    return order_ties_by_index(values, indices)
+
+
+def order_ties_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows already sorted by decreasing value: put equal values in increasing index order (only rows with
+    ties are touched)."""
+    tied = (values[:, 1:] == values[:, :-1]).any(dim=1)
+    if tied.any():
+        rows = tied.nonzero().squeeze(1)
+        values[rows], indices[rows] = sort_candidates(values[rows], indices[rows])
+    return values, indices
 
 
 def sort_candidates(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Order each row's candidates by (similarity desc, index asc)."""
+    """Order each row's candidates (in any order) by (similarity desc, index asc)."""
     by_index, perm = indices.sort(dim=1)
     values = values.gather(1, perm)
     order = torch.sort(values, dim=1, descending=True, stable=True).indices
@@ -82,7 +136,7 @@ def _torch_block(query: torch.Tensor, gallery: torch.Tensor, k: int,
 
 
 class _FaissSearcher:
-    """faiss candidates, re-scored with torch so that both engines rank identically."""
+    """faiss candidates, re-scored with torch and ordered by the same rule as the torch engine."""
 
     def __init__(self, gallery: torch.Tensor):
         import faiss

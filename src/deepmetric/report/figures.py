@@ -26,6 +26,8 @@ def training_curves(log: list[dict[str, Any]]) -> bytes:
     steps = [r for r in log if "loss" in r]
     validation = [r for r in log if r.get("split") == "val"]
     terms = [k for k in (steps[0] if steps else {}) if k not in ("step", "lr", "images_per_s")]
+    # a term that equals the total at every step (a single-term objective) would hide under its line
+    terms = [k for k in terms if k == "loss" or any(r.get(k) != r["loss"] for r in steps)]
     figure = Figure(figsize=(11 if validation else 6, 3.6), dpi=100)
     axes = figure.subplots(1, 2 if validation else 1, squeeze=False)
     for term in terms:

@@ -39,7 +39,7 @@ class ABEHead(MultiBranchHead):
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, num_learners: int = 8,
-                      phi_stages: list[str] | None = None) -> ABEHead:
+                      phi_stages: list[str] | None = None, tail_chunk: int | str | None = "auto") -> ABEHead:
         if num_learners < 1:
             raise ConfigError(f"abe: num_learners must be at least 1, got {num_learners}")
         names = tuple(phi_stages) if phi_stages else attention_layout(backbone.name, "pre")[1]
@@ -47,7 +47,7 @@ class ABEHead(MultiBranchHead):
         masks = SigmoidMasks(num_learners, phi_channels(backbone, names), backbone.channels)
         return cls(psi=backbone.tail, phi=phi, selector=masks, num_branches=num_learners,
                    psi_channels=backbone.tail_channels, embedding_dim=embedding_dim, strategy="pre",
-                   shared_embedding=True)
+                   shared_embedding=True, tail_chunk=tail_chunk)
 
 
 class MHeadsHead(Head):

@@ -7,6 +7,13 @@ embedding of size D/N per branch -> l2 -> concatenation (DIABLO thesis §4.4, Fi
   all of them as one batch of B·N maps;
 - post-attention (DIABLO eq. 1-2): ``H_n = A_n ⊙ psi(F)``.
 
+The B·N batch of pre-attention is fed to psi in chunks of at most ``tail_chunk`` maps (``auto``: 64 on CPU,
+unchunked on GPU), each pooled at once. Every layer of psi acts per image (BatchNorm frozen: the default),
+so chunking changes no number; it keeps the working set of a CPU convolution in the regime where its time
+per image is lowest (GoogLeNet's time per image grows about 1.5x from batch 32 to 128 on 2 CPU cores, see
+docs/benchmarks.md) and bounds the memory of the unpooled maps. With BatchNorm in training mode psi runs
+unchunked, so that its batch statistics stay those of the whole B·N batch.
+
 Attention maps have shape (B, N, c_A, h, w) with c_A = 1 (one weight per location, broadcast over the
 channels: the Kronecker merge of eq. 8-9) or c_A = the channels of the map they weight (the Hadamard
 merge of eq. 12-13). When phi changes the resolution (a backbone whose next scale downsamples), the maps
@@ -29,6 +36,15 @@ from torch import nn
 from ...errors import ConfigError
 from ..backbones import Backbone
 from .base import Head, HeadOutput
+
+CPU_TAIL_CHUNK = 64
+
+
+def check_tail_chunk(tail_chunk: int | str | None) -> int | str | None:
+    positive_int = isinstance(tail_chunk, int) and not isinstance(tail_chunk, bool) and tail_chunk >= 1
+    if tail_chunk is None or tail_chunk == "auto" or positive_int:
+        return tail_chunk
+    raise ConfigError(f"tail_chunk must be a positive integer, 'auto' or null, got {tail_chunk!r}")
 
 
 def copy_stages(tail: nn.Module, names: tuple[str, ...]) -> nn.Sequential:
@@ -138,11 +154,12 @@ class MultiBranchHead(Head):
     pretrained_modules = ("phi", "psi")
 
     def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
-                 embedding_dim: int, strategy: str, shared_embedding: bool):
+                 embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto"):
         super().__init__()
         if strategy not in ("pre", "post"):
             raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
         self.psi, self.phi, self.selector = psi, phi, selector
+        self.tail_chunk = check_tail_chunk(tail_chunk)
         self.num_branches, self.strategy, self.embedding_dim = num_branches, strategy, embedding_dim
         self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding)
 
@@ -165,11 +182,27 @@ class MultiBranchHead(Head):
         if self.strategy == "pre":
             maps = self.attention_maps(features, features.shape[-2:])
             merged = (features.unsqueeze(1) * maps).flatten(0, 1)  # (B·N, c, h, w): eq. 3 / eq. 13
-            refined = self.psi(merged)  # eq. 4, one batch for all branches
-            return refined.mean(dim=(2, 3)).view(b, self.num_branches, -1), maps
+            return self.pooled_tail(merged).view(b, self.num_branches, -1), maps  # eq. 4 on all branches
         refined = self.psi(features)  # (B, C', h', w'): eq. 1
         maps = self.attention_maps(features, refined.shape[-2:])
         return (refined.unsqueeze(1) * maps).mean(dim=(3, 4)), maps  # eq. 2, pooled
+
+    def chunk_size(self, batch: torch.Tensor) -> int | None:
+        """Maps per psi call: None (all at once) when ``tail_chunk`` is None, on GPU under ``auto``, or when a
+        BatchNorm of psi is in training mode (its statistics would depend on the chunking)."""
+        if self.tail_chunk is None or any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
+                                          for m in self.psi.modules()):
+            return None
+        if self.tail_chunk == "auto":
+            return CPU_TAIL_CHUNK if batch.device.type == "cpu" else None
+        return self.tail_chunk
+
+    def pooled_tail(self, merged: torch.Tensor) -> torch.Tensor:
+        """GAP(psi(merged)), (B·N, C'), in chunks (see the module docstring)."""
+        chunk = self.chunk_size(merged)
+        if chunk is None or merged.shape[0] <= chunk:
+            return self.psi(merged).mean(dim=(2, 3))
+        return torch.cat([self.psi(part).mean(dim=(2, 3)) for part in merged.split(chunk)])
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         pooled, maps = self.branch_features(features)

@@ -35,7 +35,8 @@ class DIABLOHead(MultiBranchHead):
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, selection: str = "dimension",
                       strategy: str = "pre", num_entries: int = 8, alpha: float = 10.0,
-                      shared_embedding: bool = False, phi_stages: list[str] | None = None) -> DIABLOHead:
+                      shared_embedding: bool = False, phi_stages: list[str] | None = None,
+                      tail_chunk: int | str | None = "auto") -> DIABLOHead:
         if selection not in ("dimension", "feature"):
             raise ConfigError(f"diablo: selection must be 'dimension' or 'feature', got '{selection}'")
         if num_entries < 1:
@@ -48,4 +49,4 @@ class DIABLOHead(MultiBranchHead):
                     else FeatureWiseSelection(num_entries, m, alpha))
         return cls(psi=backbone.tail, phi=phi, selector=selector, num_branches=num_entries,
                    psi_channels=backbone.tail_channels, embedding_dim=embedding_dim, strategy=strategy,
-                   shared_embedding=shared_embedding)
+                   shared_embedding=shared_embedding, tail_chunk=tail_chunk)
