@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from deepmetric.errors import ConfigError
+from deepmetric.errors import ConfigError, DeepMetricError
 from deepmetric.studies import aggregate, load_study, run_study
 from deepmetric.studies.aggregate import summarise
 from helpers import tiny_config
@@ -55,6 +55,14 @@ def test_two_run_study_aggregates_mean_and_std_and_resumes(tmp_path):
     assert (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime == stamp
 
 
+def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
+    spec = load_study(write_study(tmp_path, variants={"gap": {}, "no-train-classes": {"data.val_fraction": 0.99}}))
+    with pytest.raises(DeepMetricError, match=r"1 of 2 runs failed.*no-train-classes/0 \(.*val_fraction"):
+        run_study(spec, progress=False)
+    rows = list(csv.DictReader((tmp_path / "out/results.csv").open()))
+    assert [r["variant"] for r in rows] == ["gap"]
+
+
 def test_best_mean_of_each_column_is_bold(tmp_path):
     from deepmetric.studies.aggregate import markdown
 
@@ -64,3 +72,16 @@ def test_best_mean_of_each_column_is_bold(tmp_path):
     table = markdown(spec, rows)
     assert "| a | 1 | **50.00 ± 0.00** | 20.00 ± 0.00 |" in table
     assert "| b | 1 | 40.00 ± 0.00 | **30.00 ± 0.00** |" in table
+
+
+def test_best_is_marked_per_data_set_and_missing_metrics_show_a_dash(tmp_path):
+    from deepmetric.studies.aggregate import markdown
+
+    spec = load_study(write_study(tmp_path))
+    rows = [{"variant": "a", "repeat": 0, "data": "glyphs", "recall@1": 0.5, "recall@32": 0.9},
+            {"variant": "b", "repeat": 0, "data": "glyphs", "recall@1": 0.4, "recall@32": 0.95},
+            {"variant": "c", "repeat": 0, "data": "fashion-mnist", "recall@1": 0.8}]
+    table = markdown(spec, rows)
+    assert "| a | glyphs | 1 | **50.00 ± 0.00** | 90.00 ± 0.00 |" in table
+    assert "| b | glyphs | 1 | 40.00 ± 0.00 | **95.00 ± 0.00** |" in table
+    assert "| c | fashion-mnist | 1 | **80.00 ± 0.00** | — |" in table

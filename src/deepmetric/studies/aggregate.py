@@ -1,5 +1,6 @@
 """Collect a study's test metrics into ``results.csv`` (one row per run), ``results.md`` (mean ± std per
-variant, the best mean of each column in bold) and ``results.png`` (Recall@1 and MAP@R with std bars).
+variant, the best mean of each column in bold among the variants on the same data set) and ``results.png``
+(Recall@1 and MAP@R with std bars).
 
 The std is the sample standard deviation (ddof = 1) over the repeats (seeds or splits); with one repeat
 it is 0.
@@ -23,48 +24,66 @@ from .spec import StudySpec
 
 
 def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
-    """One row per finished run: variant, repeat, then its test metrics."""
+    """One row per finished run: variant, repeat, data set, then its test metrics."""
     from .runner import run_dir_of
 
     rows = []
     for run in spec.runs():
         metrics_file = run_dir_of(spec, run) / "metrics.json"
         if metrics_file.is_file():
-            rows.append({"variant": run.variant, "repeat": run.repeat,
-                         **json.loads(metrics_file.read_text())["metrics"]})
+            record = json.loads(metrics_file.read_text())
+            rows.append({"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""),
+                         **record["metrics"]})
     return rows
 
 
+KEYS = ("variant", "repeat", "data")
+
+
 def summarise(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, tuple[float, float, int]]]]:
-    """Metric names and, per variant and metric, (mean, std, count)."""
-    metrics = [k for k in rows[0] if k not in ("variant", "repeat")] if rows else []
+    """Metric names (every metric of any run, in order) and, per variant and metric it has, (mean, std, count)."""
+    metrics = list(dict.fromkeys(k for r in rows for k in r if k not in KEYS))
     summary: dict[str, dict[str, tuple[float, float, int]]] = {}
     for variant in dict.fromkeys(r["variant"] for r in rows):
         values = {m: np.array([r[m] for r in rows if r["variant"] == variant and m in r], dtype=float)
                   for m in metrics}
         summary[variant] = {m: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
-                            for m, v in values.items()}
+                            for m, v in values.items() if len(v)}
     return metrics, summary
+
+
+def data_of(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The data set of each variant."""
+    return {r["variant"]: str(r.get("data", "")) for r in rows}
 
 
 def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
     metrics, summary = summarise(rows)
-    best = {m: max(summary[v][m][0] for v in summary) for m in metrics}
+    data = data_of(rows)
+    best = {(d, m): max(summary[v][m][0] for v in summary if data[v] == d and m in summary[v])
+            for d in set(data.values()) for m in metrics if any(m in summary[v] for v in summary if data[v] == d)}
+    several = len(set(data.values())) > 1
     protocol = (f"{len(spec.repeats)} class-disjoint train/val splits ({spec.split_fraction:.0%} of the training "
                 "classes validate)" if spec.protocol == "splits" else f"seeds {spec.repeats}")
     lines = [f"# Study {spec.name}", "",
-             f"Test metrics in %, mean ± std over {protocol}; best mean of each column in bold. "
-             f"Written {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             "| variant | runs | " + " | ".join(metric_label(m) for m in metrics) + " |",
-             "|---|---|" + "---|" * len(metrics)]
+             f"Test metrics in %, mean ± std over {protocol}; best mean of each column in bold"
+             + (" among the variants on the same data set" if several else "")
+             + f". Written {time.strftime('%Y-%m-%d %H:%M')}.", "",
+             "| variant | " + ("data | " if several else "") + "runs | "
+             + " | ".join(metric_label(m) for m in metrics) + " |",
+             "|---|" + ("---|" if several else "") + "---|" + "---|" * len(metrics)]
     for variant, stats in summary.items():
         cells = []
         for m in metrics:
+            if m not in stats:
+                cells.append("—")
+                continue
             mean, std, _ = stats[m]
             cell = f"{100 * mean:.2f} ± {100 * std:.2f}"
-            cells.append(f"**{cell}**" if mean == best[m] else cell)
+            cells.append(f"**{cell}**" if mean == best[(data[variant], m)] else cell)
         count = max(s[2] for s in stats.values())
-        lines.append(f"| {variant} | {count} | " + " | ".join(cells) + " |")
+        lines.append(f"| {variant} | " + (f"{data[variant]} | " if several else "") + f"{count} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -82,8 +101,8 @@ def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     figure = Figure(figsize=(max(6, 1.2 * len(variants) + 2), 4), dpi=110)
     axis = figure.subplots()
     for i, m in enumerate(shown):
-        means = [100 * summary[v][m][0] for v in variants]
-        stds = [100 * summary[v][m][1] for v in variants]
+        means = [100 * summary[v][m][0] if m in summary[v] else np.nan for v in variants]
+        stds = [100 * summary[v][m][1] if m in summary[v] else 0.0 for v in variants]
         axis.bar(x + (i - (len(shown) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=metric_label(m))
     axis.set_xticks(x, variants, rotation=20, ha="right")
     axis.set_ylabel("%")

@@ -1,5 +1,7 @@
 """Run every run of a study that has not finished, then aggregate. Interrupted studies pick up where they
-stopped: a run with ``metrics.json`` is done, a run with a ``last`` checkpoint resumes from it."""
+stopped: a run with ``metrics.json`` is done, a run with a ``last`` checkpoint resumes from it. A run that
+fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
+still run and are aggregated, and the study then ends with an error naming every failed run."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..config import build_config
+from ..errors import DeepMetricError
 from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_run
@@ -24,6 +27,7 @@ def run_dir_of(spec: StudySpec, run: StudyRun) -> Path:
 def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
     """Train and evaluate each unfinished run; write ``results.csv``, ``results.md`` and ``results.png``."""
     runs = spec.runs()
+    failed: list[str] = []
     for number, run in enumerate(runs, start=1):
         directory = run_dir_of(spec, run)
         folder = RunDir(directory)
@@ -34,6 +38,14 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
         if folder.exists() and not resume:  # stopped before its first checkpoint: start it again
             shutil.rmtree(directory)
         log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
-        train(build_config(*run.layers), directory, resume=resume, progress=progress)
-        evaluate_run(directory, progress=progress)
-    return write_results(spec, aggregate(spec))
+        try:
+            train(build_config(*run.layers), directory, resume=resume, progress=progress)
+            evaluate_run(directory, progress=progress)
+        except DeepMetricError as error:
+            log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
+            failed.append(f"{run.name} ({error})")
+    paths = write_results(spec, aggregate(spec))
+    if failed:
+        raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed (the others are in "
+                              f"{paths['md']}): " + "; ".join(failed))
+    return paths
