@@ -60,8 +60,10 @@ def data_of(rows: list[dict[str, Any]]) -> dict[str, str]:
 def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
     metrics, summary = summarise(rows)
     data = data_of(rows)
-    best = {(d, m): max(summary[v][m][0] for v in summary if data[v] == d and m in summary[v])
-            for d in set(data.values()) for m in metrics if any(m in summary[v] for v in summary if data[v] == d)}
+    best: dict[tuple[str, str], float] = {}  # (data set, metric) -> best mean
+    for variant, stats in summary.items():
+        for m, (mean, _, _) in stats.items():
+            best[(data[variant], m)] = max(best.get((data[variant], m), mean), mean)
     several = len(set(data.values())) > 1
     protocol = (f"{len(spec.repeats)} class-disjoint train/val splits ({spec.split_fraction:.0%} of the training "
                 "classes validate)" if spec.protocol == "splits" else f"seeds {spec.repeats}")
