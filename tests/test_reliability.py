@@ -156,13 +156,16 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path):
 
 
 def test_a_run_killed_at_a_random_step_resumes_to_the_same_weights(tmp_path):
-    steps = 12
+    # The kill lands wherever the victim is when the signal arrives (possibly mid-write). It must land before
+    # the last step: on a fast machine a dozen tiny steps can finish between seeing step k and the kill, so
+    # the run is long (30 steps) and the kill comes early in it (step 2..8).
+    steps = 30
     straight = cli(*TRAIN, "--steps", str(steps), "--out", str(tmp_path / "straight"))
     assert straight.wait(timeout=300) == 0, straight.stderr.read().decode()[-2000:]
 
     killed = tmp_path / "killed"
     victim = cli(*TRAIN, "--steps", str(steps), "--out", str(killed))
-    wait_for_step(killed / "metrics.jsonl", random.Random().randint(2, steps - 2), victim)
+    wait_for_step(killed / "metrics.jsonl", random.Random(0).randint(2, 8), victim)
     victim.kill()  # SIGKILL: no handler runs, the checkpoint on disk is whatever was last renamed into place
     victim.wait(timeout=60)
     _, at_kill = final_state(killed)  # the last checkpoint loads: written atomically
