@@ -65,7 +65,8 @@ def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test
     parts = []
     for i in range(len(rows)):
         shown = images[i].permute(1, 2, 0).clamp(0, 1).cpu().numpy()
-        parts.append(_img(image_overlays(shown, maps[i].cpu(), title=table.describe(int(rows[i]))),
+        parts.append(_img(image_overlays(shown, maps[i].cpu(), title=table.describe(int(rows[i])),
+                                         part_name=model.head.part_name),
                           f"attention maps of test image {int(rows[i])}"))
     return "<h2>Attention</h2><p class='note'>Each map upsampled to the input and overlaid.</p>" + "".join(parts)
 

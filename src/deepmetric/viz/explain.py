@@ -79,8 +79,8 @@ def explain_images(run_dir: str | Path, images: str | Path, out: str | Path, whi
     for batch, attention, rows in _attention_batches(model, table, config, device, batch_size, progress):
         for image, maps, row in zip(batch, attention, rows.tolist(), strict=True):
             path = out / _output_name(files[row], root)
-            title = f"{files[row].name} — {model.spec['head']}, {len(maps)} groups"
-            atomic_write_bytes(path, image_overlays(_as_image(image), maps, title))
+            title = f"{files[row].name} — {model.spec['head']}, {len(maps)} {model.head.part_name}s"
+            atomic_write_bytes(path, image_overlays(_as_image(image), maps, title, model.head.part_name))
             written.append(path)
     return written
 
@@ -111,7 +111,7 @@ def explain_dataset(run_dir: str | Path, out: str | Path, data_spec: str | None 
                       f"{part.class_names.get(int(part.labels[i]), part.labels[i])} {float(peaks[i, group]):.2f}")
                      for i in chosen])
     path = Path(out) / f"top{top}-{split}.png"
-    title = (f"{model.spec['head']}: per group, the {top} {split} images of {config.data.spec} with the highest "
-             "attention peak (caption: class, peak weight)")
-    atomic_write_bytes(path, top_images_grid(rows, title))
+    title = (f"{model.spec['head']}: per {model.head.part_name}, the {top} {split} images of {config.data.spec} "
+             "with the highest attention peak (caption: class, peak weight)")
+    atomic_write_bytes(path, top_images_grid(rows, title, model.head.part_name))
     return path

@@ -47,8 +47,9 @@ def _tile(axes, image: np.ndarray, overlay: np.ndarray | None, scale: tuple[floa
     return mappable
 
 
-def image_overlays(image: np.ndarray, maps: torch.Tensor, title: str = "") -> bytes:
-    """One image (H, W, 3) in [0, 1] and its P maps (P, h, w): the image, then one overlay per group."""
+def image_overlays(image: np.ndarray, maps: torch.Tensor, title: str = "", part_name: str = "map") -> bytes:
+    """One image (H, W, 3) in [0, 1] and its P maps (P, h, w): the image, then one overlay per map, labelled
+    ``part_name`` 1..P."""
     upsampled = upsample(maps, image.shape[:2])
     scale = _colour_scale(list(upsampled))
     columns = len(upsampled) + 1
@@ -58,15 +59,17 @@ def image_overlays(image: np.ndarray, maps: torch.Tensor, title: str = "") -> by
     mappable = None
     for group, overlay in enumerate(upsampled):
         peak = float(maps[group].max())
-        mappable = _tile(grid[group + 1], image, overlay, scale, f"group {group + 1} (peak {peak:.2f})")
+        mappable = _tile(grid[group + 1], image, overlay, scale, f"{part_name} {group + 1} (peak {peak:.2f})")
     figure.colorbar(mappable, ax=list(grid), fraction=0.02, pad=0.01, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=8)
     return figure_png(figure, dpi=100)
 
 
-def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]]], title: str = "") -> bytes:
-    """One row per group: its top images as overlays of that group's map (DGML Figures 3 and 4).
+def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]]], title: str = "",
+                    part_name: str = "map") -> bytes:
+    """One row per map (labelled ``part_name`` 1..P): its top images as overlays of that map (DGML Figures 3
+    and 4).
 
     ``rows[p]`` lists ``(image (H, W, 3) in [0, 1], map (h, w), caption)``.
     """
@@ -83,7 +86,7 @@ def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]
                 continue
             image, _, caption = row[column]
             mappable = _tile(axes, image, maps[column], scale, caption)
-        grid[group][0].set_ylabel(f"group {group + 1}", fontsize=9)
+        grid[group][0].set_ylabel(f"{part_name} {group + 1}", fontsize=9)
     figure.colorbar(mappable, ax=grid.ravel().tolist(), fraction=0.015, pad=0.01, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=9)

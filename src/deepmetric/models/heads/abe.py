@@ -31,6 +31,7 @@ from .base import Head, HeadOutput
 class ABEHead(MultiBranchHead):
     metric_on = "parts"
     parts_reduction = "sum"
+    part_name = "learner"
     default_regularizers = {"divergence": {"weight": 1.0, "margin": 1.0}}
 
     @classmethod

@@ -58,6 +58,9 @@ class Head(nn.Module):
     (MIRAGE) decode embeddings back to that space and re-embed what they generate. ``normalized`` says whether
     the embedding is l2-normalised.
 
+    A head with attention maps names one of them ``part_name`` (DIABLO's dictionary "entry", ABE's "learner",
+    DGML's "group"), which the report and ``deepmetric explain`` use as labels.
+
     A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
     implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
     trunk features F of that many training images, without augmentation, batch by batch.
@@ -72,6 +75,7 @@ class Head(nn.Module):
     pooled_dim: int | None = None
     normalized: bool = True
     init_images: int = 0
+    part_name: str = "map"
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:

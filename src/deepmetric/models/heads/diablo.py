@@ -27,6 +27,7 @@ from .attention import DimensionWiseSelection, FeatureWiseSelection, MultiBranch
 
 class DIABLOHead(MultiBranchHead):
     metric_on = "embedding"
+    part_name = "entry"
 
     @classmethod
     def default_split(cls, backbone_name: str, **options: Any) -> str | None:

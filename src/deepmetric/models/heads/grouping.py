@@ -31,6 +31,7 @@ class GroupingHead(Head):
     """Base class: ``groups`` (P) embeddings of ``embedding_dim // groups`` dimensions from F."""
 
     metric_on = "parts"
+    part_name = "group"
     parts_reduction = "mean"
     default_regularizers = {"diversity": {"weight": 0.01}}
 
