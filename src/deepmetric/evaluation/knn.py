@@ -72,7 +72,7 @@ def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     b, n = sims.shape
     width = n // GROUP
     if width < 2 * (k + 1):
-        return _topk_whole_rows(sims, k)
+        return order_ties_by_index(*_select_whole_rows(sims, k))
     main = GROUP * width
     strided = sims[:, :main].unflatten(1, (GROUP, width))  # (b, G, w): group r is column r of every slice
     group_max, kept = strided.amax(dim=1).topk(k + 1, dim=1, sorted=False)  # (b, k + 1)
@@ -87,16 +87,16 @@ def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
     if unsure.any():
         rows = unsure.nonzero().squeeze(1)
-        values[rows], indices[rows] = _topk_whole_rows(sims[rows], k)
+        values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
     return order_ties_by_index(values, indices)
 
 
-def _topk_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_stable`` by one selection over the whole row; a tie crosses the k boundary exactly when the
-    (k+1)-th value equals the k-th, and only those rows are redone by a stable sort."""
+def _select_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k set of each row by one selection over the whole row, sorted by value (ties inside it in any
+    order): a tie crosses the k boundary exactly when the (k+1)-th value equals the k-th, and only those rows
+    are redone by a stable sort."""
     if k >= sims.shape[1]:
-        values, indices = sims.topk(k, dim=1)
-        return order_ties_by_index(values, indices)
+        return sims.topk(k, dim=1)
     values, indices = sims.topk(k + 1, dim=1)  # sorted by value; the order among equal values is arbitrary
     straddling = values[:, k] == values[:, k - 1]
     values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
@@ -105,7 +105,7 @@ def _topk_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
         order = torch.sort(sims[rows], dim=1, descending=True, stable=True).indices[:, :k]
         indices[rows] = order
         values[rows] = sims[rows].gather(1, order)
-    return order_ties_by_index(values, indices)
+    return values, indices
 
 
 def order_ties_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
