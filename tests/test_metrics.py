@@ -109,15 +109,18 @@ def test_queries_without_a_match_are_left_out():
     assert m["recall@1"] == 1.0
 
 
-def test_blocked_knn_equals_brute_force():
+def test_blocked_knn_equals_brute_force_up_to_float32_rounding():
+    """Any block size returns the true top-10 in order. Float32 products of different block shapes may differ in
+    the last bit (BLAS picks other kernels), so neighbours closer than that may swap: compare in float64."""
     g = torch.Generator().manual_seed(0)
     x = torch.nn.functional.normalize(torch.randn(300, 12, generator=g), dim=1)
-    sims = x @ x.t()
-    sims.fill_diagonal_(float("-inf"))
-    expected = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :10]
+    exact = x.double() @ x.double().t()
+    exact.fill_diagonal_(float("-inf"))
+    true_top = torch.sort(exact, dim=1, descending=True).values[:, :10]
     for memory in (0.01, 0.1, 100.0):
         _, idx = knn(x, x, 10, torch.arange(300), memory_mb=memory)
-        assert torch.equal(idx, expected)
+        assert (idx != torch.arange(300)[:, None]).all()
+        assert torch.allclose(exact.gather(1, idx), true_top, rtol=0, atol=1e-6)
 
 
 def random_with_ties(n=400, dim=16, classes=25, duplicates=60, seed=0):
