@@ -1,23 +1,29 @@
-"""Evaluation at SOP scale: our metrics (torch and faiss engines) vs pytorch-metric-learning vs bare matmul.
+"""Evaluation at SOP scale: our metrics (torch, numpy and faiss engines) vs pytorch-metric-learning vs bare products.
 
 One random clustered set shaped like Stanford Online Products' test split (60,502 embeddings of 512
 dimensions in 11,316 classes of 2 to 12 images) is built from a seed; each phase runs in its own child
 process (so that its peak resident memory is its own) on that same set, one after the other:
 
-- ``matmul``: the bare similarity products, block by block, with nothing kept: the hardware bound;
-- ``knn-torch`` / ``knn-faiss``: our exact kNN (k = 1000, self removed, stable ties) alone;
+- ``matmul-torch`` / ``matmul-numpy``: the bare similarity products by torch's or numpy's BLAS, block by block,
+  with nothing kept: the hardware bound (the faster of the two);
+- ``knn-torch`` / ``knn-numpy`` / ``knn-faiss``: our exact kNN (k = 1000, self removed, stable ties) alone;
 - ``kmeans``: NMI alone (faiss k-means, 11,316 clusters, 20 iterations, as PML runs it): work that ours and
   PML share, about 3.7 times the multiply-adds of the full similarity matrix;
-- ``ours-torch`` / ``ours-faiss``: Recall@{1,10,100,1000}, MAP@R and R-precision (+ NMI with ``--nmi``);
+- ``ours-torch`` / ``ours-numpy`` / ``ours-faiss``: Recall@{1,10,100,1000}, MAP@R and R-precision (+ NMI with
+  ``--nmi``);
 - ``pml``: pytorch-metric-learning's ``AccuracyCalculator`` with precision_at_1 (= Recall@1), MAP@R and
-  R-precision (+ NMI), its defaults otherwise (faiss kNN).
+  R-precision (+ NMI), its defaults otherwise (faiss kNN, k = the largest class: 12 neighbours besides the
+  query itself): it cannot give Recall@10, @100 or @1000;
+- ``pml-k1000``: the same with ours' metrics: k = 1000 and Recall@10, @100, @1000 added the way PML's
+  documentation adds an accuracy (``calculate_<name>`` methods that read ``knn_labels``).
 
     .venv/bin/python benchmarks/eval_speed.py [--n 60502] [--classes 11316] [--dim 512] [--noise 2.2] [--nmi]
 
-Prints a table and writes benchmarks/results/eval_speed.json (times in seconds, ratios to matmul and to PML,
-peak RSS in MB).
+Prints a table and writes benchmarks/results/eval_speed.json (times in seconds, ratios to the faster bare
+products and to PML, peak RSS in MB).
 """
 
+# ruff: noqa: I001  (deepmetric is imported before numpy on purpose)
 from __future__ import annotations
 
 import argparse
@@ -28,9 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+import deepmetric  # noqa: F401  (before numpy, as in the CLI: deepmetric sets OpenBLAS idle-thread timeout)
 import numpy as np
 
-PHASES = ("matmul", "knn-torch", "knn-faiss", "kmeans", "ours-torch", "ours-faiss", "pml")
+PHASES = ("matmul-torch", "matmul-numpy", "knn-torch", "knn-numpy", "knn-faiss", "kmeans", "ours-torch",
+          "ours-numpy", "ours-faiss", "pml", "pml-k1000")
 
 
 def clustered_set(n: int, classes: int, dim: int, noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -50,38 +58,58 @@ def clustered_set(n: int, classes: int, dim: int, noise: float, seed: int = 0) -
     return x, labels
 
 
+RECALL_AT = (1, 10, 100, 1000)
+
+
+def pml_with_recall_at(ranks: tuple[int, ...]):
+    """PML's AccuracyCalculator with ``recall_at_<K>`` accuracies (a query counts when one of its first K
+    neighbours shares its label), added as PML documents custom accuracies."""
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator, try_getting_not_lone_labels
+
+    def recall_at(rank: int):
+        def calculate(self, knn_labels, query_labels, not_lone_query_mask, **kwargs):
+            knn_labels, query_labels = try_getting_not_lone_labels(knn_labels, query_labels, not_lone_query_mask)
+            return float((knn_labels[:, :rank] == query_labels[:, None]).any(dim=1).float().mean())
+        return calculate
+
+    methods = {f"calculate_recall_at_{rank}": recall_at(rank) for rank in ranks}
+    methods["requires_knn"] = lambda self: AccuracyCalculator.requires_knn(self) + [f"recall_at_{r}" for r in ranks]
+    return type("AccuracyCalculatorWithRecall", (AccuracyCalculator,), methods)
+
+
 def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: bool) -> dict:
+    """Time one phase (imports and the data set are made before the clock starts)."""
     import torch
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    from deepmetric.evaluation import retrieval_metrics
+    from deepmetric.evaluation.knn import block_rows_for, iter_knn, similarities
+    from deepmetric.evaluation.metrics import nmi_score
 
     x, y = clustered_set(n, classes, dim, noise)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    kind, _, engine = phase.partition("-")
     start = time.perf_counter()
     result: dict = {}
-    if phase == "matmul":
-        from deepmetric.evaluation.knn import block_rows_for
-
+    if kind == "matmul":
         block = block_rows_for(n)
         checksum = 0.0
         for s in range(0, n, block):
-            checksum += float((xt[s:s + block] @ xt.t())[:, 0].sum())
-    elif phase.startswith("knn-"):
-        from deepmetric.evaluation.knn import iter_knn
-
-        for _ in iter_knn(xt, xt, 1000, torch.arange(n), engine=phase.split("-")[1]):
+            checksum += float(similarities(xt[s:s + block], xt, engine)[:, 0].sum())
+    elif kind == "knn":
+        for _ in iter_knn(xt, xt, max(RECALL_AT), torch.arange(n), engine=engine):
             pass
-    elif phase == "kmeans":
-        from deepmetric.evaluation.metrics import nmi_score
-
+    elif kind == "kmeans":
         result = {"nmi": nmi_score(x, y)}
-    elif phase.startswith("ours-"):
-        from deepmetric.evaluation import retrieval_metrics
-
-        result = retrieval_metrics(x, y, recall_at=(1, 10, 100, 1000), nmi=nmi, engine=phase.split("-")[1])
-    elif phase == "pml":
-        from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
-
+    elif kind == "ours":
+        result = retrieval_metrics(x, y, recall_at=RECALL_AT, nmi=nmi, engine=engine)
+    elif kind == "pml":
         include = ("precision_at_1", "mean_average_precision_at_r", "r_precision") + (("NMI",) if nmi else ())
-        pml = AccuracyCalculator(include=include, k="max_bin_count")
+        if phase == "pml":
+            pml = AccuracyCalculator(include=include, k="max_bin_count")
+        else:
+            include += tuple(f"recall_at_{k}" for k in RECALL_AT[1:])
+            pml = pml_with_recall_at(RECALL_AT[1:])(include=include, k=max(RECALL_AT))
         result = {k: float(v) for k, v in pml.get_accuracy(xt, yt).items()}
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -110,13 +138,14 @@ def main() -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rows[phase] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{phase:<12}{rows[phase]['seconds']:>10.1f} s {rows[phase]['peak_rss_mb']:>10.0f} MB", flush=True)
-    base = rows.get("matmul", {}).get("seconds")
+    bare = [row["seconds"] for phase, row in rows.items() if phase.startswith("matmul-")]
+    base = min(bare) if bare else None
     pml = rows.get("pml", {}).get("seconds")
-    print(f"\n{'phase':<12}{'seconds':>10}{'x matmul':>10}{'PML / this':>12}{'peak MB':>10}")
+    print(f"\n{'phase':<12}{'seconds':>10}{'x bare':>10}{'PML / this':>12}{'peak MB':>10}")
     for phase, row in rows.items():
-        row["ratio_to_matmul"] = row["seconds"] / base if base else None
+        row["ratio_to_bare_products"] = row["seconds"] / base if base else None
         row["pml_over_this"] = pml / row["seconds"] if pml else None
-        ratio = f"{row['ratio_to_matmul']:.2f}" if base else "-"
+        ratio = f"{row['ratio_to_bare_products']:.2f}" if base else "-"
         speedup = f"{row['pml_over_this']:.2f}" if pml else "-"
         print(f"{phase:<12}{row['seconds']:>10.1f}{ratio:>10}{speedup:>12}{row['peak_rss_mb']:>10.0f}")
     for phase, row in rows.items():
@@ -124,8 +153,11 @@ def main() -> None:
             print(f"{phase:<12}" + "  ".join(f"{key} {value:.5f}" for key, value in row["metrics"].items()))
     from _results import environment, write_result
 
+    from deepmetric.evaluation.knn import resolve_engine
+
     write_result(args.out, {"benchmark": "eval_speed", "n": args.n, "classes": args.classes, "dim": args.dim,
-                            "noise": args.noise, "nmi": args.nmi, **environment(), "phases": rows})
+                            "noise": args.noise, "nmi": args.nmi,
+                            "auto_engine": resolve_engine("auto"), **environment(), "phases": rows})
 
 
 if __name__ == "__main__":

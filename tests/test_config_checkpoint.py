@@ -37,6 +37,9 @@ def test_bad_values_name_the_key():
         build_config(parse_override("data.test_resize=stretch"))
     with pytest.raises(ConfigError, match="classes_per_batch"):
         build_config(parse_override("data.classes_per_batch=1"))
+    with pytest.raises(ConfigError, match="eval.engine must be one of auto, torch, numpy, faiss, got 'blas'"):
+        build_config(parse_override("eval.engine=blas"))
+    assert build_config(parse_override("eval.engine=numpy")).eval.engine == "numpy"
 
 
 def test_resolved_config_round_trips(tmp_path):

@@ -197,9 +197,15 @@ def test_compute_metrics_is_independent_of_block_memory():
     assert a == b
 
 
+def needs(engine):
+    if engine == "faiss":
+        pytest.importorskip("faiss")
+
+
+@pytest.mark.parametrize("engine", ["numpy", "faiss"])
 @pytest.mark.parametrize("k", [1, 5, 40])
-def test_faiss_and_torch_engines_give_the_same_neighbours(k):
-    pytest.importorskip("faiss")
+def test_every_engine_gives_the_torch_engines_neighbours(k, engine):
+    needs(engine)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(500, 16, generator=g)
     x[100:140] = x[0]  # 41 exact duplicates: ties that cross any candidate margin
@@ -207,16 +213,46 @@ def test_faiss_and_torch_engines_give_the_same_neighbours(k):
     x = torch.nn.functional.normalize(x, dim=1)
     for self_index in (torch.arange(500), None):
         a = knn(x, x, k, self_index, memory_mb=0.05, engine="torch")
-        b = knn(x, x, k, self_index, memory_mb=0.05, engine="faiss")
+        b = knn(x, x, k, self_index, memory_mb=0.05, engine=engine)
         assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0])
 
 
-def test_metrics_are_the_same_with_either_engine():
-    pytest.importorskip("faiss")
+@pytest.mark.parametrize("engine", ["numpy", "faiss"])
+def test_metrics_are_the_same_with_every_engine(engine):
+    needs(engine)
     x, y = random_with_ties(n=300, classes=15, duplicates=40, seed=5)
     a = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False, engine="torch")
-    b = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False, engine="faiss")
+    b = retrieval_metrics(x, y, recall_at=(1, 2, 4, 8), nmi=False, engine=engine)
     assert a == b
     q, ql, gx, gl = x[:100], y[:100], x[100:], y[100:]
     assert (retrieval_metrics(q, ql, gx, gl, nmi=False, engine="torch")
-            == retrieval_metrics(q, ql, gx, gl, nmi=False, engine="faiss"))
+            == retrieval_metrics(q, ql, gx, gl, nmi=False, engine=engine))
+
+
+@pytest.mark.parametrize(("vendor", "mkl", "expected"), [
+    ("AuthenticAMD", True, "numpy"), ("GenuineIntel", True, "torch"), ("", True, "torch"),
+    ("AuthenticAMD", False, "torch")])
+def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, vendor, mkl, expected):
+    import importlib
+
+    knn_module = importlib.import_module("deepmetric.evaluation.knn")
+
+    monkeypatch.setattr(knn_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    assert knn_module.resolve_engine("auto") == expected
+    assert knn_module.resolve_engine("torch") == "torch"
+
+
+def test_importing_deepmetric_lets_openblas_threads_sleep_unless_the_user_chose():
+    """deepmetric sets OPENBLAS_THREAD_TIMEOUT before numpy loads OpenBLAS (deepmetric/openblas.py)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, deepmetric, numpy; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_THREAD_TIMEOUT"}
+    for chosen, expected in ((None, "4"), ("20", "20")):
+        if chosen:
+            env["OPENBLAS_THREAD_TIMEOUT"] = chosen
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == expected

@@ -3,8 +3,12 @@
 ``create_model(backbone="lite0", head="gap", embedding_dim=512, pretrained=True, **head_options)``
 builds an ``Embedder``; ``deepmetric.evaluation.retrieval_metrics`` computes Recall@K, MAP@R,
 R-precision and NMI; ``deepmetric.data.load_dataset(spec)`` loads a data set table with its splits.
+
+Importing deepmetric before numpy sets ``OPENBLAS_THREAD_TIMEOUT=4`` unless it is set already (see
+``openblas.py``).
 """
 
+from . import openblas  # noqa: F401  (first: OpenBLAS reads its settings when numpy loads it)
 from .models import Embedder, HeadOutput, create_model
 
 __version__ = "0.1.0"

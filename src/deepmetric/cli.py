@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .config import build_config, load_yaml, merge_layers, parse_override
+from .config import KNN_ENGINES, build_config, load_yaml, merge_layers, parse_override
 from .errors import DeepMetricError
 
 log = logging.getLogger("deepmetric")
@@ -370,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank queries against this gallery instead of against each other")
     p.add_argument("--recall-at", default="1,2,4,8", help="ranks K of Recall@K (default 1,2,4,8)")
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means)")
-    p.add_argument("--engine", default="auto", choices=["auto", "torch", "faiss"],
-                   help="kNN engine (auto: torch, the faster on CPU); both exact, equal up to float rounding")
+    p.add_argument("--engine", default="auto", choices=KNN_ENGINES,
+                   help="kNN engine (auto: numpy's BLAS products on non-Intel CPUs, where torch's MKL is slow; torch "
+                        "otherwise); all exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
     p.set_defaults(func=cmd_metrics)
     return parser

@@ -18,6 +18,9 @@ import yaml
 
 from .errors import ConfigError, did_you_mean
 
+KNN_ENGINES = ("auto", "torch", "numpy", "faiss")
+"""Engines of the exact kNN (evaluation/knn.py)."""
+
 
 @dataclass
 class DataConfig:
@@ -126,8 +129,9 @@ class EvalConfig:
     batch_size: int = 128
     nmi: bool = True
     engine: str = "auto"
-    """kNN engine: auto (= torch, the faster on CPU), torch or faiss; both exact (they may order neighbours
-    whose similarities differ by a float rounding error differently)."""
+    """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products) or faiss; auto is numpy on CPUs
+    where torch's MKL is slow (not made by Intel), torch otherwise. All exact (they may order neighbours whose
+    similarities differ by a float rounding error differently)."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
     report: bool = True
@@ -353,8 +357,8 @@ def validate(config: RunConfig) -> None:
         if unknown:
             raise ConfigError(f"train.groups.{group}: unknown option(s) {sorted(unknown)}; expected lr_scale, "
                               "weight_decay")
-    if config.eval.engine not in ("auto", "torch", "faiss"):
-        raise ConfigError(f"eval.engine must be auto, torch or faiss, got '{config.eval.engine}'")
+    if config.eval.engine not in KNN_ENGINES:
+        raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{config.eval.engine}'")
     if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
         raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
     if config.generator.name is not None:

@@ -9,24 +9,31 @@ kernel (BLAS picks different kernels for blocks of a few rows than for large one
 re-scores by another kernel): two set-ups can order neighbours whose similarities differ by a rounding
 error differently, which moves the metrics of an SOP-sized set in about the fifth decimal.
 
-Two engines:
+Three engines:
 
-- ``torch`` (the default, ``auto``): a block of similarities by one matrix product, then the grouped top-k
-  of ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes 1.4 times the bare products;
+- ``torch``: a block of similarities by one torch matrix product, then the grouped top-k of
+  ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes about 1.4 times its products alone;
+- ``numpy``: the same, with the block's product by numpy's BLAS (OpenBLAS in numpy's wheels). torch's CPU
+  wheels multiply with MKL, which takes a slow path on CPUs not made by Intel: on an AMD EPYC, numpy's
+  product is twice as fast and the numpy engine's kNN takes 1.4 times the bare products (docs/benchmarks.md).
+  ``auto`` picks numpy there and torch otherwise;
 - ``faiss`` (when installed): faiss' exact inner-product search proposes ``k + margin`` candidates, whose
   similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
   contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
-  It is slower on CPU (2.3 times the bare products: the re-scoring gathers k rows of the gallery per
+  It is slower on CPU (2.3 to 3.1 times the bare products: the re-scoring gathers k rows of the gallery per
   query) and kept for comparison (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..config import KNN_ENGINES
 from ..errors import DeepMetricError
 
 FAISS_MARGIN = 16
@@ -40,14 +47,41 @@ def faiss_available() -> bool:
     return True
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from /proc/cpuinfo; '' where unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def products_engine() -> str:
+    """The engine whose matrix products are the faster here: numpy's BLAS where torch multiplies with MKL on an
+    x86 CPU not made by Intel (MKL's slow path there), torch's otherwise (including where the vendor is
+    unknown)."""
+    vendor = cpu_vendor()
+    return "numpy" if torch.backends.mkl.is_available() and vendor not in ("", "GenuineIntel") else "torch"
+
+
 def resolve_engine(engine: str) -> str:
     if engine == "auto":
-        return "torch"  # faster than the faiss engine on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
-    if engine not in ("torch", "faiss"):
-        raise DeepMetricError(f"kNN engine must be auto, torch or faiss, got '{engine}'")
+        return products_engine()  # the faiss engine is slower on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
+    if engine not in KNN_ENGINES:
+        raise DeepMetricError(f"kNN engine must be one of {', '.join(KNN_ENGINES)}, got '{engine}'")
     if engine == "faiss" and not faiss_available():
         raise DeepMetricError("kNN engine 'faiss' asked for, but faiss is not installed (pip install faiss-cpu)")
     return engine
+
+
+def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch") -> torch.Tensor:
+    """``query @ gallery.T`` (float32, CPU) by torch's product or numpy's BLAS."""
+    if engine == "numpy":
+        return torch.from_numpy(query.numpy() @ gallery.numpy().T)
+    return query @ gallery.t()
 
 
 def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
@@ -126,9 +160,10 @@ def sort_candidates(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.
     return values.gather(1, order), by_index.gather(1, order)
 
 
-def _torch_block(query: torch.Tensor, gallery: torch.Tensor, k: int,
-                 own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    sims = query @ gallery.t()
+def _product_block(query: torch.Tensor, gallery: torch.Tensor, k: int, own: torch.Tensor | None,
+                   engine: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of the torch or numpy engine: the similarities, the query's own row removed, the top-k."""
+    sims = similarities(query, gallery, engine)
     if own is not None:
         rows = torch.nonzero(own >= 0).squeeze(1)
         sims[rows, own[rows]] = float("-inf")
@@ -175,7 +210,7 @@ class _FaissSearcher:
         values, indices = values[:, :k].clone(), indices[:, :k].clone()
         if unsure.any():
             rows = unsure.nonzero().squeeze(1)
-            fixed = _torch_block(query[rows], self.gallery, k, None if own is None else own[rows])
+            fixed = _product_block(query[rows], self.gallery, k, None if own is None else own[rows])
             values[rows], indices[rows] = fixed
         return values, indices
 
@@ -193,7 +228,7 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
     for start in range(0, query.shape[0], block):
         q = query[start:start + block]
         own = None if self_index is None else self_index[start:start + block]
-        values, indices = searcher.block(q, k, own) if searcher else _torch_block(q, gallery, k, own)
+        values, indices = searcher.block(q, k, own) if searcher else _product_block(q, gallery, k, own, engine)
         yield start, values, indices
 
 
