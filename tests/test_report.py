@@ -54,3 +54,20 @@ def test_report_command_and_opt_out(tmp_path, capsys):
 def test_report_of_a_missing_run_is_one_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_train_reuses_the_test_embeddings_of_its_evaluation_for_the_report(tmp_path, monkeypatch):
+    import deepmetric.report.html as report_html
+
+    calls = []
+    embed = report_html.embed_table
+    monkeypatch.setattr(report_html, "embed_table", lambda *a, **k: calls.append(1) or embed(*a, **k))
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out), "--quiet"]) == 0
+    assert calls == []  # the report got the evaluation's embeddings
+    from_training = IMAGE.findall((out / "report.html").read_text())
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert calls == [1]  # on its own, the report embeds the test split
+    again = IMAGE.findall((out / "report.html").read_text())
+    grid = [data for alt, data in from_training if alt == "retrieval grid"]
+    assert grid and grid == [data for alt, data in again if alt == "retrieval grid"]  # same rows, same order

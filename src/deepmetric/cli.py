@@ -43,7 +43,7 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_train(args: argparse.Namespace) -> int:
     from .training import train
     from .training.run_dir import RunDir
-    from .workflows import add_regularizers, evaluate_run, results_table
+    from .workflows import add_regularizers, evaluate_run_embeddings, results_table
 
     layers = _train_layers(args)
     if args.resume:
@@ -77,12 +77,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone evaluates
         return 0
     if not args.no_test:
-        record = evaluate_run(out, progress=not args.quiet)
+        record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)
         print(results_table(out, record))
         if config.eval.report:
             from .report import build_report
 
-            print(f"report: {build_report(out, progress=not args.quiet)}")
+            print(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
     return 0
 
 

@@ -14,7 +14,7 @@ from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalDataset
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
-from .evaluation import embed_table, evaluate
+from .evaluation import embed_table, split_metrics
 from .evaluation.table import format_table
 from .training.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint, unprefixed
 from .training.run_dir import RunDir, load_run_model
@@ -24,6 +24,13 @@ from .training.setup import load_table, resolve_device
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
                  progress: bool = True) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the test split; writes and returns ``RUN/metrics.json``'s record."""
+    return evaluate_run_embeddings(run_dir, data_spec, which, progress)[0]
+
+
+def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
+                            progress: bool = True) -> tuple[dict[str, Any], np.ndarray]:
+    """``evaluate_run``, also returning the test split's embeddings (rows in the split's order), so that a
+    report of the same checkpoint need not embed the split again."""
     run = RunDir(run_dir)
     config = run.config()
     device = resolve_device(config.train.device)
@@ -32,15 +39,17 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
     table, _ = load_table(config, progress, only_split="test")
-    metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
-                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
-                       config.eval.engine)
+    part = table.split("test")
+    embeddings = embed_table(model, part, config.data.image_size, config.data.test_resize, config.eval.batch_size,
+                             device, config.data.num_workers, progress, desc="embedding test")
+    metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
+                            config.eval.engine)
     _, state = load_checkpoint(checkpoint)
     record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
               "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
               "metrics": metrics, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     atomic_write_text(run.test_metrics, json.dumps(record, indent=2))
-    return record
+    return record, embeddings
 
 
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import yaml
 
+from ..errors import DeepMetricError
 from ..evaluation import embed_table
 from ..evaluation.table import metric_label
 from ..training.checkpoint import atomic_write_text
@@ -71,15 +72,20 @@ def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test
     return "<h2>Attention</h2><p class='note'>Each map upsampled to the input and overlaid.</p>" + "".join(parts)
 
 
-def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True) -> Path:
-    """Write ``RUN/report.html`` and return its path."""
+def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True,
+                 test_embeddings: np.ndarray | None = None) -> Path:
+    """Write ``RUN/report.html`` and return its path. ``test_embeddings``: the test split's embeddings by the
+    same checkpoint (from ``evaluate_run_embeddings``), which are then not computed again."""
     run = RunDir(run_dir)
     config = run.config()
     device = resolve_device(config.train.device)
     model, _, checkpoint = load_run_model(run.path, which, device)
     test, _ = load_table(config, progress, only_split="test")
-    embeddings = embed_table(model, test, config.data.image_size, config.data.test_resize, config.eval.batch_size,
-                             device, config.data.num_workers, progress, desc="embedding test")
+    if test_embeddings is not None and len(test_embeddings) != len(test):
+        raise DeepMetricError(f"the report got {len(test_embeddings)} test embeddings for {len(test)} test images")
+    embeddings = test_embeddings if test_embeddings is not None else embed_table(
+        model, test, config.data.image_size, config.data.test_resize, config.eval.batch_size, device,
+        config.data.num_workers, progress, desc="embedding test")
     log = run.read_log()
     results: dict[str, dict[str, float]] = {}
     if run.baseline.is_file():
