@@ -9,23 +9,13 @@ from typing import Any
 
 import torch
 
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ('' where unknown): timings differ between CPUs, and so can
-    the fastest BLAS (torch's MKL is slow on CPUs not made by Intel)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+from deepmetric.hardware import cpu_info
 
 
 def environment() -> dict[str, Any]:
     """The run's conditions: torch threads, torch version, processor."""
     return {"threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(), "cpu": cpu_model()}
+            "machine": platform.processor() or platform.machine(), "cpu": cpu_info("model name")}
 
 
 def write_result(out: str | Path, result: dict[str, Any]) -> None:

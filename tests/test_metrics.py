@@ -237,7 +237,7 @@ def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, 
 
     knn_module = importlib.import_module("deepmetric.evaluation.knn")
 
-    monkeypatch.setattr(knn_module, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(knn_module, "cpu_info", lambda field: vendor)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
     assert knn_module.resolve_engine("auto") == expected
     assert knn_module.resolve_engine("torch") == "torch"

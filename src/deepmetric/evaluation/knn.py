@@ -26,15 +26,14 @@ Three engines:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..config import KNN_ENGINES
 from ..errors import DeepMetricError
+from ..hardware import cpu_info
 
 FAISS_MARGIN = 16
 
@@ -47,23 +46,11 @@ def faiss_available() -> bool:
     return True
 
 
-@functools.cache
-def cpu_vendor() -> str:
-    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...) from /proc/cpuinfo; '' where unknown."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def products_engine() -> str:
     """The engine whose matrix products are the faster here: numpy's BLAS where torch multiplies with MKL on an
     x86 CPU not made by Intel (MKL's slow path there), torch's otherwise (including where the vendor is
     unknown)."""
-    vendor = cpu_vendor()
+    vendor = cpu_info("vendor_id")
     return "numpy" if torch.backends.mkl.is_available() and vendor not in ("", "GenuineIntel") else "torch"
 
 
@@ -80,7 +67,7 @@ def resolve_engine(engine: str) -> str:
 def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch") -> torch.Tensor:
     """``query @ gallery.T`` (float32, CPU) by torch's product or numpy's BLAS."""
     if engine == "numpy":
-        return torch.from_numpy(query.numpy() @ gallery.numpy().T)
+        return torch.from_numpy(query.detach().numpy() @ gallery.detach().numpy().T)
     return query @ gallery.t()
 
 
