@@ -138,8 +138,8 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
     """Recall@K, MAP@R, R-precision and NMI (keys ``recall@K``, ``map@r``, ``r_precision``, ``nmi``).
 
     Without a gallery every query is ranked against all the others (its own row removed by index);
-    with one, queries are ranked against the gallery only (the In-Shop protocol). ``engine`` (auto = torch,
-    or faiss) changes the speed; both are exact (see ``knn.py`` on float rounding).
+    with one, queries are ranked against the gallery only (the In-Shop protocol). ``engine`` (auto, torch,
+    numpy or faiss) changes the speed; all are exact (see ``knn.py`` on the engines and float rounding).
     """
     q = _as_tensor(query, "query embeddings")
     ql = _as_labels(query_labels, q.shape[0], "query labels")
