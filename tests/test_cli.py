@@ -85,3 +85,24 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert code == 2 and "did you mean 'train.steps'" in err
     code, _, err = run(capsys, "evaluate", str(tmp_path / "missing"))
     assert code == 2 and "not a run directory" in err
+
+
+def test_help_and_metrics_skip_the_heavy_imports(tmp_path):
+    """``--help`` imports no torch, and ``metrics`` of precomputed embeddings no torchvision (the data pipeline):
+    each costs seconds of start-up on a small machine."""
+    import subprocess
+    import sys
+
+    x = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(40) % 4)
+    code = ("import sys\nfrom deepmetric.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('loaded:', *(m for m in ('torch', 'torchvision') if m in sys.modules))")
+
+    def loaded(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[-1]
+
+    assert loaded("--help") == "loaded:"
+    assert loaded("metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--no-nmi") == "loaded: torch"

@@ -9,7 +9,16 @@ Importing deepmetric before numpy sets ``OPENBLAS_THREAD_TIMEOUT=4`` unless it i
 """
 
 from . import openblas  # noqa: F401  (first: OpenBLAS reads its settings when numpy loads it)
-from .models import Embedder, HeadOutput, create_model
 
 __version__ = "0.1.0"
 __all__ = ["Embedder", "HeadOutput", "__version__", "create_model"]
+
+
+def __getattr__(name: str):
+    """The model API is imported on first use, so that ``deepmetric --help`` or ``deepmetric metrics`` do not
+    pay for torch and torchvision's imports when they do not need them."""
+    if name in ("Embedder", "HeadOutput", "create_model"):
+        from . import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module 'deepmetric' has no attribute '{name}'")

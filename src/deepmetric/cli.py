@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__
 from .config import KNN_ENGINES, build_config, load_yaml, merge_layers, parse_override
-from .errors import DeepMetricError
+from .errors import DeepMetricError, TrainingInterrupted
 
 log = logging.getLogger("deepmetric")
 
@@ -390,8 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: noise for users
-    from .training import TrainingInterrupted
-
     try:
         return args.func(args)
     except TrainingInterrupted as stopped:

@@ -30,6 +30,14 @@ class IndexStoreError(DeepMetricError):
     """A missing, foreign or incompatible retrieval index (``deepmetric index`` / ``search`` / ``serve``)."""
 
 
+class TrainingInterrupted(DeepMetricError):
+    """A signal stopped training after a checkpoint was written."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
 class UploadError(DeepMetricError):
     """An uploaded query image the service refuses; ``status`` is the HTTP status to answer with (4xx)."""
 

@@ -30,7 +30,7 @@ from ..data import PKSampler, TestTransform, TrainTransform
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
-from ..errors import DeepMetricError
+from ..errors import DeepMetricError, TrainingInterrupted
 from ..evaluation import evaluate
 from ..generators import Generator, build_generator
 from ..losses import Objective, build_objective
@@ -55,13 +55,6 @@ log = logging.getLogger("deepmetric")
 class TrainingError(DeepMetricError):
     """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
 
-
-class TrainingInterrupted(DeepMetricError):
-    """A signal stopped training after a checkpoint was written."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.signum = signum
 
 
 @dataclass
