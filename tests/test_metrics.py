@@ -235,8 +235,7 @@ def test_metrics_are_the_same_with_every_engine(engine):
 def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, vendor, mkl, expected):
     import importlib
 
-    knn_module = importlib.import_module("deepmetric.evaluation.knn")
-
+    knn_module = importlib.import_module("deepmetric.evaluation.knn")  # the package's `knn` is the function
     monkeypatch.setattr(knn_module, "cpu_info", lambda field: vendor)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
     assert knn_module.resolve_engine("auto") == expected

@@ -30,6 +30,10 @@ class IndexStoreError(DeepMetricError):
     """A missing, foreign or incompatible retrieval index (``deepmetric index`` / ``search`` / ``serve``)."""
 
 
+class TrainingError(DeepMetricError):
+    """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
+
+
 class TrainingInterrupted(DeepMetricError):
     """A signal stopped training after a checkpoint was written."""
 

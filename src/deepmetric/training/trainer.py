@@ -30,7 +30,7 @@ from ..data import PKSampler, TestTransform, TrainTransform
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
-from ..errors import DeepMetricError, TrainingInterrupted
+from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
 from ..evaluation import evaluate
 from ..generators import Generator, build_generator
 from ..losses import Objective, build_objective
@@ -50,11 +50,6 @@ from .setup import build_model, load_table, resolve_device, seed_everything, unt
 from .signals import stop_on_signals
 
 log = logging.getLogger("deepmetric")
-
-
-class TrainingError(DeepMetricError):
-    """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
-
 
 
 @dataclass
