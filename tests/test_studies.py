@@ -63,6 +63,23 @@ def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
     assert [r["variant"] for r in rows] == ["gap"]
 
 
+def test_an_interrupted_run_stops_the_study_instead_of_counting_as_failed(tmp_path, monkeypatch):
+    import deepmetric.studies.runner as runner
+    from deepmetric.errors import TrainingInterrupted
+
+    started = []
+
+    def interrupted(config, directory, **kwargs):
+        started.append(directory)
+        raise TrainingInterrupted(15, "SIGTERM received: stopped after step 1")
+
+    monkeypatch.setattr(runner, "train", interrupted)
+    with pytest.raises(TrainingInterrupted):
+        run_study(load_study(write_study(tmp_path)), progress=False)
+    assert len(started) == 1  # the second variant was not started
+    assert not (tmp_path / "out/results.md").exists()
+
+
 def test_best_mean_of_each_column_is_bold(tmp_path):
     from deepmetric.studies.aggregate import markdown
 

@@ -1,7 +1,8 @@
 """Run every run of a study that has not finished, then aggregate. Interrupted studies pick up where they
 stopped: a run with ``metrics.json`` is done, a run with a ``last`` checkpoint resumes from it. A run that
 fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
-still run and are aggregated, and the study then ends with an error naming every failed run."""
+still run and are aggregated, and the study then ends with an error naming every failed run. A signal that
+interrupts training (after its checkpoint) stops the whole study."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ..config import build_config
-from ..errors import DeepMetricError
+from ..errors import DeepMetricError, TrainingInterrupted
 from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_run
@@ -41,6 +42,8 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
         try:
             train(build_config(*run.layers), directory, resume=resume, progress=progress)
             evaluate_run(directory, progress=progress)
+        except TrainingInterrupted:
+            raise  # a signal stops the whole study (the run resumes next time), it is not a failed run
         except DeepMetricError as error:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
             failed.append(f"{run.name} ({error})")
