@@ -111,3 +111,35 @@ def test_two_processes_compute_what_one_process_computes_on_the_same_global_batc
     log_one = [r["loss"] for r in RunDir(tmp_path / "one").read_log() if "loss" in r]
     log_two = [r["loss"] for r in RunDir(tmp_path / "two").read_log() if "loss" in r]
     assert log_one == pytest.approx(log_two, abs=1e-6)  # the objective saw the same global batch
+
+
+def test_amp_runs_the_forward_in_bfloat16_and_hands_the_objective_float32(tmp_path):
+    from deepmetric import create_model
+
+    model = create_model("tiny", pretrained=False, embedding_dim=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(torch.rand(4, 3, 16, 16))
+    assert output.embedding.dtype == torch.bfloat16  # autocast did take the forward pass
+    full = output.float()
+    assert full.embedding.dtype == torch.float32 and all(p.dtype == torch.float32 for p in full.parts)
+    full.embedding.sum().backward()
+    assert model.head.embed.weight.grad is not None and model.head.embed.weight.dtype == torch.float32
+
+    train(tiny_config(train={"steps": 2, "amp": True}), tmp_path / "amp", progress=False)
+    train(tiny_config(train={"steps": 2}), tmp_path / "fp32", progress=False)
+    amp_loss, fp32_loss = ([r["loss"] for r in RunDir(tmp_path / run).read_log() if "loss" in r][0]
+                           for run in ("amp", "fp32"))
+    assert amp_loss != fp32_loss and amp_loss == pytest.approx(fp32_loss, rel=0.05)
+    # a loss computed in bfloat16 would have 8 significant bits; this one was computed in float32
+    assert torch.tensor(amp_loss).bfloat16().float().item() != pytest.approx(amp_loss, rel=1e-5)
+    amp_weights, _, _ = weights(tmp_path / "amp/checkpoints/last.safetensors")
+    assert all(w.dtype == torch.float32 for w in amp_weights.values() if w.is_floating_point())
+
+
+def test_channels_last_trains_as_the_contiguous_layout_up_to_float_rounding(tmp_path):
+    train(tiny_config(train={"steps": 3, "channels_last": True}), tmp_path / "nhwc", progress=False)
+    train(tiny_config(train={"steps": 3, "channels_last": False}), tmp_path / "nchw", progress=False)
+    nhwc, _, _ = weights(tmp_path / "nhwc/checkpoints/last.safetensors")
+    nchw, _, _ = weights(tmp_path / "nchw/checkpoints/last.safetensors")
+    assert nhwc.keys() == nchw.keys()
+    assert all(torch.allclose(nhwc[k], nchw[k], atol=1e-5) for k in nhwc)

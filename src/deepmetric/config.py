@@ -115,7 +115,8 @@ class TrainConfig:
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
     amp: bool = False
-    """Mixed precision: forward passes under bfloat16 autocast (weights and optimiser stay float32)."""
+    """Mixed precision: forward passes under bfloat16 autocast (weights, optimiser and losses stay float32); no
+    faster than float32 on CPU (docs/benchmarks.md), meant for GPUs."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
 

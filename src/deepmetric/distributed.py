@@ -20,7 +20,7 @@ and ``gather_rows`` puts the rows back in order, none twice, none dropped.
 
 import os
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -91,17 +91,7 @@ def gather_labels(labels: torch.Tensor) -> torch.Tensor:
 
 def gather_output(output: HeadOutput, rows: int) -> HeadOutput:
     """Every tensor of ``output`` with ``rows`` rows, gathered across ranks (others are left as they are)."""
-
-    def gather(value):
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
-            return gather_with_grad(value)
-        if isinstance(value, list):
-            return [gather(v) for v in value]
-        if isinstance(value, dict):
-            return {k: gather(v) for k, v in value.items()}
-        return value
-
-    return HeadOutput(**{f.name: gather(getattr(output, f.name)) for f in fields(HeadOutput)})
+    return output.map_tensors(lambda t: gather_with_grad(t) if t.dim() > 0 and t.shape[0] == rows else t)
 
 
 def sum_gradients(process_group: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

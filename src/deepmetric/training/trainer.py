@@ -276,6 +276,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
             apply_schedule(optimizer, t.lr_schedule, step, t.steps)
             with autocast:
                 output = trained(images)
+            if t.amp:
+                output = output.float()  # the objective computes in float32 (HeadOutput.float)
             if context.enabled:  # the objective sees the whole global batch, on every rank
                 output, labels = gather_output(output, len(images)), gather_labels(labels)
             generated = generator.generate(output, labels) if generator is not None else None

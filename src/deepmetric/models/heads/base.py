@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +31,25 @@ class HeadOutput:
     parts: list[torch.Tensor]
     attention: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> HeadOutput:
+        """A new output with ``fn`` applied to every tensor, those in ``parts`` and ``extras`` included."""
+
+        def apply(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return fn(value)
+            if isinstance(value, list):
+                return [apply(v) for v in value]
+            if isinstance(value, dict):
+                return {k: apply(v) for k, v in value.items()}
+            return value
+
+        return HeadOutput(**{f.name: apply(getattr(self, f.name)) for f in fields(self)})
+
+    def float(self) -> HeadOutput:
+        """Every floating tensor in float32 (differentiably). After a forward pass under bfloat16 autocast
+        (``train.amp``) the objective gets these, so losses and regularisers are computed in float32."""
+        return self.map_tensors(lambda t: t.float() if t.is_floating_point() else t)
 
 
 class Head(nn.Module):
