@@ -108,3 +108,32 @@ def test_test_transforms():
     image = np.random.default_rng(1).integers(0, 255, size=(50, 80, 3), dtype=np.uint8)
     assert ResizeForTest(32, "resize")(image).shape == (3, 32, 32)
     assert ResizeForTest(32, "resize_crop")(image).shape == (3, 32, 32)
+
+
+def test_pad_crop_keeps_the_aspect_ratio_and_pads_the_shorter_side():
+    """ABE's test preprocessing: a white 40 x 80 image at size 32 -> longer side 37, 18 or 19 white rows
+    centred on a black 37 x 37 square, centre crop 32: black above and below (``resize`` would squash it
+    to all white)."""
+    white = np.full((40, 80, 3), 255, dtype=np.uint8)
+    out = ResizeForTest(32, "pad_crop")(white)
+    assert out.shape == (3, 32, 32)
+    rows = out[0].mean(dim=1)
+    white_rows = int((rows > 0.99).sum())
+    assert 17 <= white_rows <= 19 and rows[0] == 0 and rows[-1] == 0
+    assert abs(int((rows[:16] == 0).sum()) - int((rows[16:] == 0).sum())) <= 1  # centred
+    assert out[0, 16].min() > 0.99  # the longer side fills the crop
+    assert ResizeForTest(32, "resize")(white).min() == 1.0
+
+
+def test_square_train_padding_moves_the_crop_across_the_padding():
+    """ABE's training preprocessing: a white 40 x 80 image, longer side 48 (1.5 x 32): padded to 32 rows the
+    white band (24 rows) always sits at the same height; padded to a 48 x 48 square, the random crop moves it."""
+
+    def band_top(pad: str, seed: int) -> int:
+        out = TrainTransform(32, (1.5, 1.5), flip=False, pad=pad)(np.full((40, 80, 3), 255, np.uint8), seed)
+        return int((out[0].mean(dim=1) > 0.99).nonzero()[0])
+
+    assert {band_top("size", seed) for seed in range(20)} == {4}
+    assert len({band_top("square", seed) for seed in range(20)}) > 5
+    with pytest.raises(ValueError, match="pad must be one of"):
+        TrainTransform(32, pad="mirror")

@@ -20,6 +20,10 @@ from .errors import ConfigError, did_you_mean
 
 KNN_ENGINES = ("auto", "torch", "numpy", "faiss")
 """Engines of the exact kNN (evaluation/knn.py)."""
+TRAIN_PAD_MODES = ("size", "square")
+"""``data.train_pad`` choices (data/transforms.py)."""
+TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop")
+"""``data.test_resize`` choices (data/transforms.py)."""
 
 
 @dataclass
@@ -35,9 +39,13 @@ class DataConfig:
     """Multi-resolution augmentation: the longer side is resized to U[lo, hi] x image_size."""
     flip: bool = True
     """Random horizontal flip at training time (turn off for characters: b/d)."""
+    train_pad: str = "size"
+    """Before the random crop, pad the resized image to image_size (``size``, the thesis and the HORDE code)
+    or its shorter side to the longer one (``square``, ABE)."""
     test_resize: str = "resize"
-    """``resize`` (squash to image_size, the thesis) or ``resize_crop`` (resize to 1.144x, centre crop,
-    the authors' code)."""
+    """``resize`` (squash to image_size, the thesis), ``resize_crop`` (resize to 1.144x, centre crop,
+    the HORDE authors' code) or ``pad_crop`` (longer side to 256/224 x keeping the aspect ratio, pad to a
+    square, centre crop: ABE)."""
     classes_per_batch: int = 5
     """P of the P x K batch."""
     samples_per_class: int = 8
@@ -334,8 +342,10 @@ def validate(config: RunConfig) -> None:
     lo, hi = d.resize_range
     if not 0 < lo <= hi:
         raise ConfigError(f"data.resize_range must satisfy 0 < lo <= hi, got {list(d.resize_range)}")
-    if d.test_resize not in ("resize", "resize_crop"):
-        raise ConfigError(f"data.test_resize must be 'resize' or 'resize_crop', got '{d.test_resize}'")
+    if d.test_resize not in TEST_RESIZE_MODES:
+        raise ConfigError(f"data.test_resize must be one of {', '.join(TEST_RESIZE_MODES)}, got '{d.test_resize}'")
+    if d.train_pad not in TRAIN_PAD_MODES:
+        raise ConfigError(f"data.train_pad must be one of {', '.join(TRAIN_PAD_MODES)}, got '{d.train_pad}'")
     if d.classes_per_batch < 2:
         raise ConfigError("data.classes_per_batch must be at least 2 (a batch needs negatives)")
     if d.samples_per_class < 2:

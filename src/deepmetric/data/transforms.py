@@ -2,13 +2,17 @@
 
 Training (thesis §4.4.6; the HORDE code's ``MultiResolution`` / ``RandomCrop`` / ``HorizontalFlip``):
 the longer side is resized to ``U[lo, hi] x size`` keeping the aspect ratio, a ``size x size`` crop is
-taken at random (a side shorter than ``size`` is first centred on a black canvas), then a horizontal
-flip with probability 1/2. Test: resize to ``size x size`` (the thesis), or resize to
-``ceil(1.144 size)`` and centre-crop ``size`` (the authors' code).
+taken at random (a side shorter than ``size`` is first centred on a black canvas; with ``pad="square"``,
+ABE §4's preprocessing, the shorter side is padded to the longer one first, so the crop also moves across
+the padding), then a horizontal flip with probability 1/2. Test (``TEST_RESIZE_MODES``): resize to
+``size x size`` (``resize``, the thesis), resize to ``ceil(1.144 size)`` and centre-crop ``size``
+(``resize_crop``, the HORDE authors' code), or scale the longer side to ``round(256/224 size)`` keeping the
+aspect ratio, pad the shorter side to a square and centre-crop ``size`` (``pad_crop``, ABE §4: 256 -> 224).
 
 Every random draw comes from the seed passed with the sample, so a batch is a pure function of the run
 seed and the step: resumed runs and data-loader workers see exactly the same pixels.
 Outputs are float tensors (3, size, size) in [0, 1]; the backbone's normalisation lives in the model.
+Padding is black (ABE does not say with what it pads).
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import math
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
+
+from ..config import TEST_RESIZE_MODES, TRAIN_PAD_MODES
+
+ABE_TEST_SCALE = 256 / 224  # ABE §4: longer side 256, centre crop 224
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -49,16 +57,21 @@ def _pad_to(image: torch.Tensor, size: int) -> torch.Tensor:
 class TrainTransform:
     """Multi-resolution resize, random crop and optional flip (see the module docstring)."""
 
-    def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True):
+    def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True,
+                 pad: str = "size"):
+        if pad not in TRAIN_PAD_MODES:
+            raise ValueError(f"pad must be one of {TRAIN_PAD_MODES}, got '{pad}'")
         self.size = size
         self.resize_range = resize_range
         self.flip = flip
+        self.pad = pad
 
     def __call__(self, image: np.ndarray, seed: int) -> torch.Tensor:
         rng = np.random.default_rng(seed)
         lo, hi = self.resize_range
         longer = max(1, round(rng.uniform(lo, hi) * self.size))
-        tensor = _pad_to(_resize_longer(to_tensor(image), longer), self.size)
+        canvas = max(self.size, longer) if self.pad == "square" else self.size
+        tensor = _pad_to(_resize_longer(to_tensor(image), longer), canvas)
         top = int(rng.integers(0, tensor.shape[1] - self.size + 1))
         left = int(rng.integers(0, tensor.shape[2] - self.size + 1))
         tensor = tensor[:, top:top + self.size, left:left + self.size]
@@ -68,9 +81,11 @@ class TrainTransform:
 
 
 class TestTransform:
-    """Deterministic resize to ``size x size`` (``resize``) or resize + centre crop (``resize_crop``)."""
+    """Deterministic test-time resizing: ``resize``, ``resize_crop`` or ``pad_crop`` (module docstring)."""
 
     def __init__(self, size: int, mode: str = "resize"):
+        if mode not in TEST_RESIZE_MODES:
+            raise ValueError(f"mode must be one of {TEST_RESIZE_MODES}, got '{mode}'")
         self.size = size
         self.mode = mode
 
@@ -79,7 +94,10 @@ class TestTransform:
         if self.mode == "resize":
             if tuple(tensor.shape[-2:]) != (self.size, self.size):
                 tensor = F.resize(tensor, [self.size, self.size], antialias=True)
-        else:
+        elif self.mode == "resize_crop":
             big = math.ceil(self.size * 1.144)
             tensor = F.center_crop(F.resize(tensor, [big, big], antialias=True), [self.size, self.size])
+        else:
+            longer = max(self.size, round(self.size * ABE_TEST_SCALE))
+            tensor = F.center_crop(_pad_to(_resize_longer(tensor, longer), longer), [self.size, self.size])
         return tensor.float().div_(255.0)

@@ -260,7 +260,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         log.warning("%d training classes with a single image are left out of the batches",
                     len(sampler.dropped_classes))
     dataset = ImageDataset(train_part, TrainTransform(config.data.image_size, config.data.resize_range,
-                                                      config.data.flip), labels=contiguous)
+                                                      config.data.flip, config.data.train_pad), labels=contiguous)
     batches = iter(training_loader(dataset, sampler, config.data.num_workers))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
