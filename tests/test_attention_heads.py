@@ -88,7 +88,7 @@ def test_pre_attention_merge_is_the_hadamard_product_with_duplicated_features_an
     features = model.trunk(model.normalize(torch.rand(3, 3, 32, 32)))  # (3, 8, 16, 16)
     seen = []
     head.psi.register_forward_hook(lambda module, args, out: seen.append(args[0].detach().clone()))
-    pooled, maps = head.branch_features(features)
+    pooled, maps, _ = head.branch_features(features)
     assert len(seen) == 1 and seen[0].shape == (3 * 4, 8, 16, 16)  # all branches in one batch
     duplicated = features.unsqueeze(1).expand(-1, 4, -1, -1, -1)  # F ⊗ 1_N
     assert torch.allclose(seen[0], (duplicated * maps).flatten(0, 1))  # eq. 13
@@ -129,7 +129,7 @@ def test_feature_wise_post_attention_weights_psi_of_f():
     model = create_model("tiny", head="diablo", pretrained=False, embedding_dim=8, num_entries=2,
                          selection="feature", strategy="post", freeze_bn=False).eval()
     features = model.trunk(model.normalize(torch.rand(2, 3, 32, 32)))
-    pooled, maps = model.head.branch_features(features)
+    pooled, maps, _ = model.head.branch_features(features)
     refined = model.head.psi(features)
     assert maps.shape == (2, 2, 1, *refined.shape[-2:])
     assert torch.allclose(pooled, (refined.unsqueeze(1) * maps).mean(dim=(3, 4)))

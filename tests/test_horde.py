@@ -285,3 +285,47 @@ def test_regularizer_flag_adds_defaults_and_keeps_configured_options(monkeypatch
     assert config.loss.regularizers == {"other": {"weight": 0.5}, "horde": {}}
     with pytest.raises(ConfigError, match="unknown regularizer 'hord'.*did you mean 'horde'"):
         add_regularizers(build_config({}), ["hord"])
+
+
+def test_abe_branch_feature_map_is_the_learners_tail_maps_concatenated():
+    """ABE + HORDE (thesis §5.5.3): extras['feature_map'] holds the M learners' maps psi(A_m ⊙ F) side by side
+    on channels; each learner's slice, pooled and embedded, gives that learner's part. Chunking psi changes
+    nothing. Without the option the head keeps F there and HORDE refuses it."""
+    torch.manual_seed(0)
+    images = torch.rand(3, 3, 32, 32)
+    model = create_model("tiny", head="abe", pretrained=False, embedding_dim=16, num_learners=4,
+                         branch_feature_map=True, tail_chunk=5).eval()
+    head = model.head
+    output = model(images)
+    maps = output.extras["feature_map"]
+    channels = head.feature_channels // 4
+    assert head.feature_channels == maps.shape[1] and maps.shape[0] == 3
+    pooled = maps.unflatten(1, (4, channels)).mean(dim=(3, 4))  # (B, M, C')
+    for part, by_hand in zip(output.parts, head.embed(pooled), strict=True):
+        assert torch.allclose(part, by_hand, atol=1e-6)
+    head.tail_chunk = None
+    assert torch.allclose(model(images).extras["feature_map"], maps, atol=1e-6)
+    plain = create_model("tiny", head="abe", pretrained=False, embedding_dim=16, num_learners=4)
+    assert plain.head.feature_channels is None
+    with pytest.raises(ConfigError, match="needs a head that exposes its local feature map"):
+        horde_objective(plain)
+
+
+def test_abe_horde_reduces_the_learner_maps_by_a_1x1_convolution_and_trains_the_head_through_it():
+    torch.manual_seed(0)
+    model = create_model("tiny", head="abe", pretrained=False, embedding_dim=16, num_learners=4,
+                         branch_feature_map=True)
+    output, labels = model(torch.rand(8, 3, 32, 32)), torch.arange(4).repeat_interleave(2)
+    objective = horde_objective(model, "contrastive", orders=3, dim=16, reduce_channels=6, reduction="mean")
+    horde = objective.regularizers["horde"]
+    assert horde.reduce.weight.shape == (6, model.head.feature_channels, 1, 1) and horde.reduce.bias is None
+    reduced = torch.einsum("oc,bchw->bohw", horde.reduce.weight[:, :, 0, 0], output.extras["feature_map"])
+    by_hand = sum(ContrastiveLoss()(F.normalize(layer(m), dim=1), labels)
+                  for layer, m in zip(horde.embed, horde.moments(reduced), strict=True)) / 2
+    _, terms = objective(output, labels)
+    assert terms["horde"].item() == pytest.approx(by_hand.item(), rel=1e-5)
+    terms["horde"].backward()
+    assert horde.reduce.weight.grad.abs().sum() > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.head.psi.parameters())
+    with pytest.raises(ConfigError, match="reduce_channels must be at least 1"):
+        horde_objective(model, reduce_channels=0)

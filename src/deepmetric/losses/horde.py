@@ -24,6 +24,10 @@ divides it by K - 1, the weighting the authors' code uses for ABE + HORDE). Add 
   normalisation cancel exactly, so it changes the range of the values only, not the loss or its
   gradients). ``embedding_dim=0`` drops the per-order embeddings (Table 5.3: the loss acts on the
   l2-normalised d-dimensional moments).
+- **ABE + HORDE** (thesis §5.5.3, Table 5.1): the authors' code feeds HORDE the 8 learners' inception-5b
+  maps concatenated (8 x 1024 channels; the ABE head's ``branch_feature_map``) through a 1 x 1 convolution
+  without bias down to 1024 channels (``reduce_channels=1024``; Glorot-uniform initialised, as Keras'
+  default), weighting each order 1/(K - 1) (``reduction="mean"``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class HordeRegularizer(nn.Module):
     def __init__(self, head: nn.Module, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
                  orders: int = 5, dim: int = 8192, mode: str = "cascaded", embedding_dim: int | None = None,
                  scale: bool = False, seed: int = 0, reduction: str = "sum", loss: str | None = None,
-                 loss_options: dict[str, Any] | None = None):
+                 loss_options: dict[str, Any] | None = None, reduce_channels: int | None = None):
         super().__init__()
         channels = getattr(head, "feature_channels", None)
         if not channels:
@@ -54,6 +58,13 @@ class HordeRegularizer(nn.Module):
             raise ConfigError(f"regularizer 'horde': reduction must be 'sum' or 'mean', got '{reduction}'")
         if loss is None and loss_options:
             raise ConfigError("regularizer 'horde': loss_options needs loss (the name of the loss they configure)")
+        if reduce_channels is not None and reduce_channels < 1:
+            raise ConfigError(f"regularizer 'horde': reduce_channels must be at least 1, got {reduce_channels}")
+        self.reduce = nn.Identity()
+        if reduce_channels:
+            self.reduce = nn.Conv2d(channels, reduce_channels, kernel_size=1, bias=False)
+            nn.init.xavier_uniform_(self.reduce.weight)
+            channels = reduce_channels
         self.moments = HighOrderMoments(channels, orders=orders, dim=dim, mode=mode, scale=scale, seed=seed)
         embedding_dim = getattr(head, "embedding_dim", 512) if embedding_dim is None else embedding_dim
         self.embed = nn.ModuleList(
@@ -71,7 +82,7 @@ class HordeRegularizer(nn.Module):
         feature_map = output.extras.get("feature_map")
         if feature_map is None:
             raise ConfigError("regularizer 'horde' needs extras['feature_map'] in the head's output")
-        pooled = self.moments(feature_map)
+        pooled = self.moments(self.reduce(feature_map))
         return {f"order{k}": F.normalize(layer(m), dim=1)
                 for k, (layer, m) in enumerate(zip(self.embed, pooled, strict=True), start=2)}
 

@@ -5,7 +5,8 @@ shared attention trunk C (a separate ImageNet-initialised copy of inception 4a-4
 832 -> 480 + sigmoid per learner (A'_m), the shared global embedding G (inception 4a-5b, GAP) and one
 shared final layer 1024 -> 512/M without bias; per-learner l2, concatenated. Trained with a metric loss
 per learner, summed (eq. 8), plus the divergence loss (eq. 9, ``losses/divergence.py``) with
-lambda_div = 1. ABE-1 (one learner) has no divergence term (no pair of learners).
+lambda_div = 1. ABE-1 (one learner) has no divergence term (no pair of learners). ``branch_feature_map``
+exposes the M learners' tail maps (inception 5b) for the HORDE regulariser (ABE + HORDE, thesis §5.5.3).
 
 M-heads (eq. 4, Fig. 1a): S shared, a separate copy of G and of the final layer per head, no attention.
 With GoogLeNet (original architecture) and D = 512 the parameter counts are ABE Table 1's:
@@ -40,7 +41,8 @@ class ABEHead(MultiBranchHead):
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, num_learners: int = 8,
-                      phi_stages: list[str] | None = None, tail_chunk: int | str | None = "auto") -> ABEHead:
+                      phi_stages: list[str] | None = None, tail_chunk: int | str | None = "auto",
+                      branch_feature_map: bool = False) -> ABEHead:
         if num_learners < 1:
             raise ConfigError(f"abe: num_learners must be at least 1, got {num_learners}")
         names = tuple(phi_stages) if phi_stages else attention_layout(backbone.name, "pre")[1]
@@ -48,7 +50,7 @@ class ABEHead(MultiBranchHead):
         masks = SigmoidMasks(num_learners, phi_channels(backbone, names), backbone.channels)
         return cls(psi=backbone.tail, phi=phi, selector=masks, num_branches=num_learners,
                    psi_channels=backbone.tail_channels, embedding_dim=embedding_dim, strategy="pre",
-                   shared_embedding=True, tail_chunk=tail_chunk)
+                   shared_embedding=True, tail_chunk=tail_chunk, branch_feature_map=branch_feature_map)
 
 
 class MHeadsHead(Head):

@@ -21,6 +21,11 @@ are resized bilinearly to the map they weight.
 
 The concatenation of the N unit-norm branch embeddings is divided by sqrt(N), so the retrieval embedding
 has unit norm and its cosine is the mean of the per-branch cosines.
+
+``extras["feature_map"]`` is the trunk map F by default. With ``branch_feature_map`` it is the N branches'
+maps H_n before pooling, concatenated on channels (B, N·C', h', w'), and ``feature_channels`` says N·C':
+the input of HORDE on an attention ensemble (thesis §5.5.3, ABE + HORDE, whose code concatenates the 8
+learners' inception-5b maps).
 """
 
 from __future__ import annotations
@@ -147,14 +152,15 @@ class MultiBranchHead(Head):
     """N attention branches over a shared tail; subclasses provide ``phi`` and ``selector``.
 
     ``forward`` returns the concatenated embedding (divided by sqrt(N)), the N branch embeddings as
-    ``parts``, the channel-mean attention maps (B, N, h, w) as ``attention`` and the trunk map F as
-    ``extras["feature_map"]``.
+    ``parts``, the channel-mean attention maps (B, N, h, w) as ``attention`` and, as ``extras["feature_map"]``,
+    the trunk map F or, with ``branch_feature_map``, the branches' maps (module docstring).
     """
 
     pretrained_modules = ("phi", "psi")
 
     def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
-                 embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto"):
+                 embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto",
+                 branch_feature_map: bool = False):
         super().__init__()
         if strategy not in ("pre", "post"):
             raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
@@ -162,6 +168,9 @@ class MultiBranchHead(Head):
         self.tail_chunk = check_tail_chunk(tail_chunk)
         self.num_branches, self.strategy, self.embedding_dim = num_branches, strategy, embedding_dim
         self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding)
+        self.branch_feature_map = branch_feature_map
+        if branch_feature_map:
+            self.feature_channels = num_branches * psi_channels
 
     @property
     def num_parts(self) -> int:
@@ -176,16 +185,20 @@ class MultiBranchHead(Head):
             maps = maps.view(b, n, c, *size)
         return maps
 
-    def branch_features(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pooled features of every branch (B, N, C') and the attention maps (B, N, c_A, h, w)."""
+    def branch_features(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Pooled features of every branch (B, N, C'), the attention maps (B, N, c_A, h, w) and, with
+        ``branch_feature_map``, the branches' maps before pooling (B, N, C', h', w'), else None."""
         b = features.shape[0]
         if self.strategy == "pre":
             maps = self.attention_maps(features, features.shape[-2:])
             merged = (features.unsqueeze(1) * maps).flatten(0, 1)  # (B·N, c, h, w): eq. 3 / eq. 13
-            return self.pooled_tail(merged).view(b, self.num_branches, -1), maps  # eq. 4 on all branches
+            pooled, unpooled = self.pooled_tail(merged)  # eq. 4 on all branches
+            branch_maps = unpooled.unflatten(0, (b, self.num_branches)) if unpooled is not None else None
+            return pooled.view(b, self.num_branches, -1), maps, branch_maps
         refined = self.psi(features)  # (B, C', h', w'): eq. 1
         maps = self.attention_maps(features, refined.shape[-2:])
-        return (refined.unsqueeze(1) * maps).mean(dim=(3, 4)), maps  # eq. 2, pooled
+        branch_maps = refined.unsqueeze(1) * maps  # eq. 2
+        return branch_maps.mean(dim=(3, 4)), maps, branch_maps if self.branch_feature_map else None
 
     def chunk_size(self, batch: torch.Tensor) -> int | None:
         """Maps per psi call: None (all at once) when ``tail_chunk`` is None, on GPU under ``auto``, or when a
@@ -197,16 +210,22 @@ class MultiBranchHead(Head):
             return CPU_TAIL_CHUNK if batch.device.type == "cpu" else None
         return self.tail_chunk
 
-    def pooled_tail(self, merged: torch.Tensor) -> torch.Tensor:
-        """GAP(psi(merged)), (B·N, C'), in chunks (see the module docstring)."""
+    def pooled_tail(self, merged: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """GAP(psi(merged)), (B·N, C'), in chunks (see the module docstring), and with ``branch_feature_map``
+        psi(merged) itself (B·N, C', h', w'), else None."""
         chunk = self.chunk_size(merged)
-        if chunk is None or merged.shape[0] <= chunk:
-            return self.psi(merged).mean(dim=(2, 3))
-        return torch.cat([self.psi(part).mean(dim=(2, 3)) for part in merged.split(chunk)])
+        pooled, kept = [], []
+        for part in [merged] if chunk is None or merged.shape[0] <= chunk else merged.split(chunk):
+            out = self.psi(part)
+            pooled.append(out.mean(dim=(2, 3)))
+            if self.branch_feature_map:
+                kept.append(out)  # otherwise each chunk's maps are freed once pooled
+        return torch.cat(pooled), torch.cat(kept) if kept else None
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
-        pooled, maps = self.branch_features(features)
+        pooled, maps, branch_maps = self.branch_features(features)
         parts = self.embed(pooled)
         embedding = torch.cat(parts, dim=1) / math.sqrt(self.num_branches)
+        feature_map = branch_maps.flatten(1, 2) if branch_maps is not None else features
         return HeadOutput(embedding=embedding, parts=parts, attention=maps.mean(dim=2),
-                          extras={"feature_map": features})
+                          extras={"feature_map": feature_map})
