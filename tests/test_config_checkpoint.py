@@ -118,6 +118,15 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
         load_checkpoint(tmp_path / "foreign.safetensors")
 
 
+def test_checkpoint_with_tensors_sharing_memory_round_trips(tmp_path):
+    """Tied weights and views (which safetensors refuses as they are) are saved as copies."""
+    tied = torch.arange(12.0).view(3, 4)
+    tensors = {"model.a": tied, "model.b": tied, "model.row": tied[1], "model.t": tied.t()}
+    save_checkpoint(tmp_path / "c.safetensors", tensors, {})
+    loaded, _ = load_checkpoint(tmp_path / "c.safetensors")
+    assert loaded.keys() == tensors.keys() and all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     target = tmp_path / "last.safetensors"
     atomic_write_bytes(target, b"old")
@@ -130,6 +139,10 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
         atomic_write_bytes(target, b"new content")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]  # no temporary file left behind
+    with pytest.raises(OSError):  # a checkpoint is streamed to the temporary file by safetensors, then fsynced
+        save_checkpoint(target, {"w": torch.ones(1000)}, {"step": 1})
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]
 
 
 def test_an_unknown_head_option_names_the_nearest_and_lists_the_valid_ones():

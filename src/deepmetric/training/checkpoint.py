@@ -9,16 +9,18 @@ renamed over the old one, so a crash at any moment leaves either the old or the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
+from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
 
@@ -40,15 +42,17 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is always either its old or its new content."""
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for the caller to write; on success it is fsynced and renamed over
+    ``path``, so ``path`` is always either its old or its new content; on failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -57,15 +61,30 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Save ``tensors`` (copied to contiguous CPU memory) with ``state`` as JSON metadata."""
-    plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    """Save ``tensors`` with ``state`` as JSON metadata, written straight from the tensors' memory to the
+    temporary file: no copy of the checkpoint is held in memory (a model with HORDE's 69 M objective
+    parameters checkpoints 0.8 GB). Tensors are moved to the CPU and made contiguous; a tensor sharing memory
+    with another one (which safetensors refuses) is copied."""
+    plain, seen = {}, set()
+    for key, value in tensors.items():
+        value = value.detach().to("cpu").contiguous()
+        storage = value.untyped_storage().data_ptr()
+        plain[key] = value.clone() if storage in seen and value.numel() else value
+        seen.add(storage)
     header = {"format": FORMAT, "state": json.dumps(state)}
-    atomic_write_bytes(Path(path), save_safetensors(plain, metadata=header))
+    with atomic_path(Path(path)) as tmp:
+        save_safetensors_file(plain, tmp, metadata=header)
 
 
 def looks_like_safetensors(data: bytes) -> bool:
