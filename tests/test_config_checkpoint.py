@@ -111,6 +111,10 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         load_checkpoint(tmp_path / "junk.safetensors")
+    whole = (tmp_path / "c.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(whole[:-8])  # a checkpoint cut short: header fine, data not
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        load_checkpoint(tmp_path / "cut.safetensors")
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(1)}, tmp_path / "foreign.safetensors")
