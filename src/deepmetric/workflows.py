@@ -16,7 +16,7 @@ from .data.table import RetrievalDataset
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, split_metrics
 from .evaluation.table import format_table
-from .training.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint, unprefixed
+from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, load_checkpoint, unprefixed
 from .training.run_dir import RunDir, load_run_model
 from .training.setup import load_table, resolve_device
 
@@ -44,7 +44,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
                              device, config.data.num_workers, progress, desc="embedding test")
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
-    _, state = load_checkpoint(checkpoint)
+    state = checkpoint_state(checkpoint)
     record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
               "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
               "metrics": metrics, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -11,7 +11,7 @@ from typing import Any
 from ..data.images import IMAGE_EXTENSIONS
 from ..errors import DataError, IndexStoreError
 from ..evaluation import embed_table
-from ..training.checkpoint import load_checkpoint
+from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
 from ..workflows import files_table, list_images
@@ -76,7 +76,7 @@ def file_sha256(path: Path) -> str:
 
 def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:
     """What an index remembers of its model: where it is, what it is, and the checkpoint's digest."""
-    _, state = load_checkpoint(checkpoint)
+    state = checkpoint_state(checkpoint)
     return {"run_dir": str(Path(run_dir).resolve()), "checkpoint": str(checkpoint.resolve()),
             "checkpoint_sha256": file_sha256(checkpoint), "step": state.get("step"), "spec": state["model_spec"],
             "image_size": image_size, "test_resize": test_resize}
