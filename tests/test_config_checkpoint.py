@@ -33,9 +33,10 @@ def test_unknown_keys_suggest_the_nearest_valid_key(tmp_path):
 def test_bad_values_name_the_key():
     with pytest.raises(ConfigError, match="train.steps.*integer"):
         build_config(parse_override("train.steps=abc"))
-    with pytest.raises(ConfigError, match="data.test_resize must be one of resize, resize_crop, pad_crop"):
+    modes = "resize, resize_crop, pad_crop, stretch_crop"
+    with pytest.raises(ConfigError, match=f"data.test_resize must be one of {modes}, got 'stretch'"):
         build_config(parse_override("data.test_resize=stretch"))
-    with pytest.raises(ConfigError, match="data.train_pad must be one of size, square, got 'mirror'"):
+    with pytest.raises(ConfigError, match="data.train_pad must be one of size, square, stretch, got 'mirror'"):
         build_config(parse_override("data.train_pad=mirror"))
     with pytest.raises(ConfigError, match="classes_per_batch"):
         build_config(parse_override("data.classes_per_batch=1"))

@@ -95,6 +95,68 @@ def test_cars_replica_ignores_the_classification_flag(tmp_path):
     assert table.class_names[99] == "Car model 99"
 
 
+def write_boxes(base, boxes):
+    (base / "bounding_boxes.txt").write_text("".join(f"{i} {x} {y} {w} {h}\n" for i, (x, y, w, h) in boxes.items()))
+
+
+def test_cub_cropped_cuts_every_image_to_its_bounding_box(tmp_path):
+    """``cub-cropped``: bounding_boxes.txt's ``x y width height`` -> pixels [y, y + height) x [x, x + width)
+    (fractional edges rounded outwards); split, subset and the plain ``cub`` spec are unaffected."""
+    base = make_cub(tmp_path)
+    pattern = np.random.default_rng(0).integers(0, 256, size=(16, 20, 3), dtype=np.uint8)
+    first = base / "images" / (base / "images.txt").read_text().split()[1]
+    Image.fromarray(pattern).save(first.with_suffix(".png"))
+    listing = base / "images.txt"
+    listing.write_text(listing.read_text().replace(first.name, first.with_suffix(".png").name))
+    write_boxes(base, {i: (1.0, 1.0, 4.0, 3.0) for i in range(2, 13)} | {1: (3.0, 2.0, 5.0, 4.5)})
+
+    table = load_dataset(f"cub-cropped:{tmp_path}", check_counts=False)
+    assert table.name == "cub-cropped" and table.recall_at == (1, 2, 4, 8, 16, 32)
+    assert np.array_equal(table.image(0), pattern[2:7, 3:8])  # rows 2 .. 6.5 rounded out to 7
+    assert table.image(1).shape == (3, 4, 3)
+    test = table.split("test")
+    assert test.boxes.shape == (6, 4) and test.image(0).shape == (3, 4, 3)
+    assert load_dataset(f"cub:{tmp_path}", check_counts=False).image(0).shape == (16, 20, 3)
+
+    write_boxes(base, {i: (1.0, 1.0, 4.0, 3.0) for i in range(2, 13)})
+    with pytest.raises(DataError, match=r"no bounding box for image id\(s\) \[1\]"):
+        load_cub(tmp_path, check=False, crop=True)
+    (base / "bounding_boxes.txt").unlink()
+    with pytest.raises(DataError, match="bounding_boxes.txt"):
+        load_dataset(f"cub-cropped:{tmp_path}", check_counts=False)
+
+
+def test_cars_cropped_reads_matlab_corners(tmp_path):
+    """Cars' corners (x1, y1, x2, y2) = (1, 2, 10, 8) are 1-based and inclusive: columns 0-9, rows 1-7."""
+    make_cars(tmp_path)
+    table = load_dataset(f"cars-cropped:{tmp_path}", check_counts=False)
+    assert table.name == "cars-cropped"
+    whole = read_image(table.images[0])
+    assert whole.shape == (10, 12, 3) and np.array_equal(table.image(0), whole[1:8, 0:10])
+    assert load_cars(tmp_path, check=False).boxes is None
+
+
+def test_bad_bounding_boxes_are_named(tmp_path):
+    from deepmetric.data.audit import audit_table
+    from deepmetric.data.table import RetrievalDataset
+
+    paths = [tmp_path / f"{i}.png" for i in range(3)]
+    for path in paths:
+        write_image(path)  # 12 x 10
+    columns = dict(labels=[0, 0, 0], splits=["train"] * 3, is_query=[True] * 3, is_gallery=[True] * 3)
+    with pytest.raises(DataError, match=r"1 empty bounding box.*1.png \(5.0, 5.0, 5.0, 9.0\)"):
+        RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [5, 5, 5, 9], [0, 0, 4, 4]], **columns)
+    with pytest.raises(DataError, match=r"bounding boxes have shape \(2, 4\), expected \(3, 4\)"):
+        RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4]] * 2, **columns)
+    table = RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [12, 0, 20, 4], [-3, -2, 99, 99]],
+                             **columns)
+    assert table.image(2).shape == (10, 12, 3)  # clipped to the image
+    with pytest.raises(DataError, match=r"1.png: its bounding box \(12, 0, 20, 4\) lies outside the 12 x 10 image"):
+        table.image(1)
+    problems = [(p.row, p.problem) for p in audit_table(table, progress=False)]
+    assert problems == [(1, "its bounding box (12, 0, 20, 4) lies outside the 12 x 10 image")]
+
+
 def test_cars_foreign_mat_file_is_explained(tmp_path):
     from scipy.io import savemat
 

@@ -108,6 +108,8 @@ def test_test_transforms():
     image = np.random.default_rng(1).integers(0, 255, size=(50, 80, 3), dtype=np.uint8)
     assert ResizeForTest(32, "resize")(image).shape == (3, 32, 32)
     assert ResizeForTest(32, "resize_crop")(image).shape == (3, 32, 32)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ResizeForTest(32, "stretch")
 
 
 def test_pad_crop_keeps_the_aspect_ratio_and_pads_the_shorter_side():
@@ -137,3 +139,31 @@ def test_square_train_padding_moves_the_crop_across_the_padding():
     assert len({band_top("square", seed) for seed in range(20)}) > 5
     with pytest.raises(ValueError, match="pad must be one of"):
         TrainTransform(32, pad="mirror")
+
+
+def left_half_white(height: int, width: int) -> np.ndarray:
+    image = np.zeros((height, width, 3), dtype=np.uint8)
+    image[:, : width // 2] = 255
+    return image
+
+
+def test_stretch_resizes_both_sides_without_keeping_the_aspect_ratio():
+    """ABE's cropped Cars-196: a 20 x 80 image whose left half is white, stretched to 37 x 37 (1.144 x 32) and
+    centre-cropped to 32: every row is white on the left half and black on the right, no padding rows; the
+    aspect-keeping ``pad_crop`` leaves black rows above and below instead."""
+    out = ResizeForTest(32, "stretch_crop")(left_half_white(20, 80))
+    assert out.shape == (3, 32, 32)
+    columns = out[0].mean(dim=0)
+    assert (out[0, :, :13] > 0.99).all() and (out[0, :, 19:] < 0.01).all()  # every row: white | black
+    assert abs(int((columns > 0.5).sum()) - 16) <= 1  # the boundary at the centre (37 is centred on 32)
+    padded = ResizeForTest(32, "pad_crop")(left_half_white(20, 80))
+    assert padded[0, 0].max() == 0 and padded[0, -1].max() == 0
+
+    # Training: 20 x 80 stretched to 48 x 48 (1.5 x 32), white columns 0-23, a random 32 x 32 crop
+    crops = [TrainTransform(32, (1.5, 1.5), flip=False, pad="stretch")(left_half_white(20, 80), seed)
+             for seed in range(20)]
+    assert all(c.shape == (3, 32, 32) and (c[0].amax(dim=1) > 0.99).all() for c in crops)  # no black row
+    white_columns = {int((c[0, 0] > 0.5).sum()) for c in crops}  # 24 - the crop's left offset (0-16)
+    assert len(white_columns) > 5 and all(8 <= w <= 24 for w in white_columns)
+    kept = TrainTransform(32, (1.5, 1.5), flip=False, pad="size")(left_half_white(20, 80), 0)
+    assert (kept[0].amax(dim=1) == 0).sum() >= 16  # 12 x 48 keeps the aspect ratio: black rows above and below

@@ -20,9 +20,9 @@ from .errors import ConfigError, did_you_mean
 
 KNN_ENGINES = ("auto", "torch", "numpy", "faiss")
 """Engines of the exact kNN (evaluation/knn.py)."""
-TRAIN_PAD_MODES = ("size", "square")
+TRAIN_PAD_MODES = ("size", "square", "stretch")
 """``data.train_pad`` choices (data/transforms.py)."""
-TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop")
+TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop", "stretch_crop")
 """``data.test_resize`` choices (data/transforms.py)."""
 
 
@@ -32,7 +32,8 @@ class DataConfig:
 
     spec: str = "glyphs"
     """Loader spec: ``glyphs``, ``fashion-mnist``, ``digits``, ``folder:PATH``, ``csv:PATH``,
-    ``cub:PATH``, ``cars:PATH``, ``sop:PATH`` or ``inshop:PATH``."""
+    ``cub:PATH``, ``cars:PATH``, ``sop:PATH``, ``inshop:PATH``, or ``cub-cropped:PATH`` / ``cars-cropped:PATH``
+    (each image cut to its bounding box)."""
     image_size: int = 224
     """Side of the square training crop and of the test image."""
     resize_range: tuple[float, float] = (0.8, 1.8)
@@ -41,11 +42,13 @@ class DataConfig:
     """Random horizontal flip at training time (turn off for characters: b/d)."""
     train_pad: str = "size"
     """Before the random crop, pad the resized image to image_size (``size``, the thesis and the HORDE code)
-    or its shorter side to the longer one (``square``, ABE)."""
+    or its shorter side to the longer one (``square``, ABE), or resize both sides to the drawn length without
+    keeping the aspect ratio (``stretch``, ABE's cropped Cars-196)."""
     test_resize: str = "resize"
     """``resize`` (squash to image_size, the thesis), ``resize_crop`` (resize to 1.144x, centre crop,
-    the HORDE authors' code) or ``pad_crop`` (longer side to 256/224 x keeping the aspect ratio, pad to a
-    square, centre crop: ABE)."""
+    the HORDE authors' code), ``pad_crop`` (longer side to 256/224 x keeping the aspect ratio, pad to a
+    square, centre crop: ABE) or ``stretch_crop`` (both sides to 256/224 x, centre crop: ABE's cropped
+    Cars-196)."""
     classes_per_batch: int = 5
     """P of the P x K batch."""
     samples_per_class: int = 8

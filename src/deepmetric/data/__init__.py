@@ -10,6 +10,7 @@
 | ``folder:PATH`` | one sub-folder per class; sorted names, first half train |
 | ``csv:PATH`` | columns ``path,label,split[,is_query,is_gallery]`` |
 | ``cub:PATH`` ``cars:PATH`` ``sop:PATH`` ``inshop:PATH`` | the benchmarks, official layouts |
+| ``cub-cropped:PATH`` ``cars-cropped:PATH`` | CUB / Cars with every image cut to its bounding box (ABE Table 5) |
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .sampler import PKSampler
 from .table import RetrievalDataset, check_paths_exist
 from .transforms import TestTransform, TrainTransform
 
-LOADERS = ("glyphs", "fashion-mnist", "digits", "folder", "csv", "cub", "cars", "sop", "inshop")
-NEEDS_PATH = ("folder", "csv", "cub", "cars", "sop", "inshop")
+LOADERS = ("glyphs", "fashion-mnist", "digits", "folder", "csv", "cub", "cars", "sop", "inshop", "cub-cropped",
+           "cars-cropped")
+NEEDS_PATH = ("folder", "csv", "cub", "cars", "sop", "inshop", "cub-cropped", "cars-cropped")
 
 __all__ = [
     "GLYPH_CHARS", "LOADERS", "PKSampler", "RetrievalDataset", "TestTransform", "TrainTransform",
@@ -81,8 +83,9 @@ def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fra
     elif name == "csv":
         table = load_csv(path)
     else:
-        loader = {"cub": load_cub, "cars": load_cars, "sop": load_sop, "inshop": load_inshop}[name]
-        table = loader(path, check=check_counts)
+        base, _, cropped = name.partition("-")
+        loader = {"cub": load_cub, "cars": load_cars, "sop": load_sop, "inshop": load_inshop}[base]
+        table = loader(path, check=check_counts, **({"crop": True} if cropped else {}))
     table.meta["spec"] = spec
     if check_files and not table.in_memory:
         check_paths_exist(table.name, [str(p) for p in table.images], path or table.name)

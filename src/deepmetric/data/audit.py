@@ -1,5 +1,6 @@
-"""Check a data set before training: every image decodes, no path is listed twice, no training class has
-a single image. Problems are collected, not raised one at a time, so the user sees them all at once.
+"""Check a data set before training: every image decodes (and its bounding box, if the table has boxes,
+overlaps it), no path is listed twice, no training class has a single image. Problems are collected, not
+raised one at a time, so the user sees them all at once.
 
 Decoding uses PIL's draft mode (JPEGs decoded at reduced size), which still reads every byte of the file,
 so truncated and corrupt files are caught at a fraction of the cost of a full decode; files are checked
@@ -10,6 +11,7 @@ palette, alpha, grayscale) are not problems: ``images.to_rgb`` converts them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
 from ..errors import DataError
+from .images import box_problem, clip_box
 from .table import RetrievalDataset
 
 
@@ -34,8 +37,8 @@ class BadItem:
         return f"{self.item}: {self.problem}"
 
 
-def image_problem(path: str) -> str | None:
-    """Why ``path`` cannot be used as an image, or None when it decodes."""
+def image_problem(path: str, box: Sequence[float] | None = None) -> str | None:
+    """Why ``path`` cannot be used as an image (or ``box`` cut from it), or None when it decodes."""
     file = Path(path)
     try:
         size = file.stat().st_size
@@ -51,6 +54,8 @@ def image_problem(path: str) -> str | None:
         return "cannot be read (permission denied)"
     try:
         with Image.open(file) as image:
+            if box is not None and clip_box(box, *image.size) is None:
+                return box_problem(box, *image.size)
             if image.format == "JPEG":
                 image.draft("RGB", (64, 64))
             image.load()
@@ -76,7 +81,8 @@ def audit_images(table: RetrievalDataset, workers: int = 4, progress: bool = Tru
             problems.append(BadItem(row, path, "listed more than once"))
         seen.add(real)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(image_problem, paths)
+        boxes = [None] * len(paths) if table.boxes is None else table.boxes.tolist()
+        results = pool.map(image_problem, paths, boxes)
         for row, problem in enumerate(tqdm(results, total=len(paths), desc="checking images", unit="image",
                                            disable=not progress, leave=False)):
             if problem:

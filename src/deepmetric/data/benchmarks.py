@@ -11,8 +11,12 @@ Each uses the standard zero-shot split (thesis §2.6.1; Song et al. 2016 for CUB
 | In-Shop | ``Eval/list_eval_partition.txt`` + ``Img/img/...`` | 25,882 | 14,218 query + 12,612 gallery |
 
 CUB's ``train_test_split.txt`` and Cars' ``test`` flag are the *classification* splits and are
-ignored: the DML protocol splits by class. Each loader accepts the data set's own folder or its
-parent, and the common flattened variants (e.g. In-Shop's partition file beside ``img/``).
+ignored: the DML protocol splits by class. ``crop=True`` (specs ``cub-cropped:PATH``, ``cars-cropped:PATH``;
+ABE Table 5) gives every image its bounding box, so the table returns the box's pixels: CUB's
+``bounding_boxes.txt`` (``id x y width height``, taken as 0-based pixels: box (x, y, x + width, y + height))
+and Cars' ``bbox_x1..bbox_y2`` (MATLAB's 1-based inclusive pixels: box (x1 - 1, y1 - 1, x2, y2)).
+Each loader accepts the data set's own folder or its parent, and the common flattened variants (e.g.
+In-Shop's partition file beside ``img/``).
 """
 
 from __future__ import annotations
@@ -69,19 +73,21 @@ def _int(value: str, path: Path, dataset: str) -> int:
 
 
 def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, root: Path, check: bool,
-           is_query: np.ndarray | None = None, is_gallery: np.ndarray | None = None) -> RetrievalDataset:
+           is_query: np.ndarray | None = None, is_gallery: np.ndarray | None = None,
+           boxes: np.ndarray | None = None) -> RetrievalDataset:
+    """The benchmark's table; with ``boxes``, the ``<name>-cropped`` variant."""
     ones = np.ones(len(paths), dtype=bool)
     table = RetrievalDataset(
-        name=name, images=paths, labels=labels, splits=splits,
+        name=name if boxes is None else f"{name}-cropped", images=paths, labels=labels, splits=splits,
         is_query=ones if is_query is None else is_query, is_gallery=ones if is_gallery is None else is_gallery,
-        recall_at=RECALL_AT[name], meta={"root": str(root)},
+        recall_at=RECALL_AT[name], meta={"root": str(root)}, boxes=boxes,
     )
     check_counts(name, table, PUBLISHED[name], check)
     return table
 
 
-def load_cub(path: str | Path, check: bool = True) -> RetrievalDataset:
-    """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924)."""
+def load_cub(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalDataset:
+    """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924); ``crop``: bounding boxes."""
     given = Path(path)
     root = given / "CUB_200_2011" if (given / "CUB_200_2011" / "images.txt").is_file() else given
     images_txt = _find(root, ["images.txt"], "the image list images.txt", "cub")
@@ -97,15 +103,16 @@ def load_cub(path: str | Path, check: bool = True) -> RetrievalDataset:
     labels = np.array([id_to_label[i] for i in ids])
     paths = [str(image_dir / id_to_path[i]) for i in ids]
     splits = np.where(labels <= 100, "train", "test").astype(object)
-    table = _table("cub", paths, labels, splits, root, check)
+    table = _table("cub", paths, labels, splits, root, check, boxes=_cub_boxes(root, ids) if crop else None)
     classes_txt = root / "classes.txt"
     if classes_txt.is_file():
         table.class_names = {int(r[0]): " ".join(r[1:]) for r in _read_rows(classes_txt, 2, "cub")}
     return table
 
 
-def load_cars(path: str | Path, check: bool = True) -> RetrievalDataset:
-    """Cars-196 from ``cars_annos.mat``: classes 1-98 train (8,054 images), 99-196 test (8,131)."""
+def load_cars(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalDataset:
+    """Cars-196 from ``cars_annos.mat``: classes 1-98 train (8,054 images), 99-196 test (8,131); ``crop``:
+    bounding boxes."""
     from scipy.io import loadmat
 
     root = Path(path)
@@ -115,16 +122,35 @@ def load_cars(path: str | Path, check: bool = True) -> RetrievalDataset:
         records = np.atleast_1d(mat["annotations"])
         rel_paths = [str(r) for r in records["relative_im_path"]]
         labels = np.array([int(c) for c in records["class"]])
+        corners = ("bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2")
+        # 1-based inclusive corners -> 0-based, right and bottom exclusive
+        boxes = np.array([[float(v) for v in records[c]] for c in corners]).T - [1, 1, 0, 0] if crop else None
     except (KeyError, ValueError, TypeError, OSError) as error:
         raise DataError(f"cars: {annos} is not the official annotation file (an 'annotations' struct with "
                         f"'relative_im_path' and 'class' fields): {error}") from None
     _find(root, ["car_ims"], "the image folder car_ims/", "cars")
     paths = [str(root / p) for p in rel_paths]
     splits = np.where(labels <= 98, "train", "test").astype(object)
-    table = _table("cars", paths, labels, splits, root, check)
+    table = _table("cars", paths, labels, splits, root, check, boxes=boxes)
     if "class_names" in mat:
         table.class_names = {i + 1: str(n) for i, n in enumerate(np.atleast_1d(mat["class_names"]))}
     return table
+
+
+def _cub_boxes(root: Path, ids: list[int]) -> np.ndarray:
+    """(left, top, right, bottom) per image id, in ``ids`` order, from ``bounding_boxes.txt``."""
+    listing = _find(root, ["bounding_boxes.txt"], "the bounding boxes bounding_boxes.txt (cub-cropped)", "cub")
+    boxes = {}
+    for fields in _read_rows(listing, 5, "cub"):
+        try:
+            x, y, width, height = (float(v) for v in fields[1:5])
+        except ValueError:
+            raise DataError(f"cub: {listing} holds a non-numeric box {' '.join(fields)!r}") from None
+        boxes[_int(fields[0], listing, "cub")] = (x, y, x + width, y + height)
+    missing = [i for i in ids if i not in boxes]
+    if missing:
+        raise DataError(f"cub: {listing} has no bounding box for image id(s) {missing[:10]}")
+    return np.array([boxes[i] for i in ids])
 
 
 def load_sop(path: str | Path, check: bool = True) -> RetrievalDataset:

@@ -1,4 +1,4 @@
-"""Decode one image file to an RGB uint8 array, naming the file when it cannot be read.
+"""Decode one image file to an RGB uint8 array, naming the file when it cannot be read; cut out a bounding box.
 
 Valid unusual formats are converted rather than rejected: palette and grayscale images become RGB,
 transparency is composited on white, CMYK is converted, 16-bit and 32-bit integer images are scaled
@@ -7,6 +7,8 @@ to 8 bits.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,3 +54,27 @@ def read_image(path: str | Path) -> np.ndarray:
     except (OSError, ValueError, SyntaxError) as error:
         raise DataError(f"image {path} is corrupt or truncated: {error}") from None
     return np.array(rgb, dtype=np.uint8)  # a writable copy
+
+
+def clip_box(box: Sequence[float], width: int, height: int) -> tuple[int, int, int, int] | None:
+    """``box`` = (left, top, right, bottom) in pixels, right and bottom exclusive, rounded outwards to whole
+    pixels and clipped to a ``width`` x ``height`` image; None when nothing of it lies inside the image."""
+    left, top = max(0, math.floor(box[0])), max(0, math.floor(box[1]))
+    right, bottom = min(width, math.ceil(box[2])), min(height, math.ceil(box[3]))
+    return (left, top, right, bottom) if right > left and bottom > top else None
+
+
+def crop_to_box(image: np.ndarray, box: Sequence[float], name: str) -> np.ndarray:
+    """The pixels of ``image`` (H, W[, 3]) inside ``box`` (see ``clip_box``); DataError naming ``name`` when the
+    box lies outside the image."""
+    height, width = image.shape[:2]
+    clipped = clip_box(box, width, height)
+    if clipped is None:
+        raise DataError(f"image {name}: {box_problem(box, width, height)}")
+    left, top, right, bottom = clipped
+    return np.ascontiguousarray(image[top:bottom, left:right])
+
+
+def box_problem(box: Sequence[float], width: int, height: int) -> str:
+    shown = ", ".join(f"{v:g}" for v in box)
+    return f"its bounding box ({shown}) lies outside the {width} x {height} image"

@@ -4,7 +4,8 @@ Every loader returns one of these. Images are either file paths (decoded on acce
 in-memory ``uint8`` array of shape (N, H, W) or (N, H, W, 3). Splits are ``train``, ``val`` and
 ``test``; ``is_query`` / ``is_gallery`` say which test rows are queries and which are searched (the
 In-Shop protocol); for the other benchmarks every test row is both, and a query's own row is removed
-from its ranking by index.
+from its ranking by index. An optional ``boxes`` column (bounding boxes, the cropped CUB and Cars
+variants) makes every access return the box's pixels instead of the whole image.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .images import read_image
+from .images import crop_to_box, read_image
 
 SPLITS = ("train", "val", "test")
 
@@ -34,6 +35,8 @@ class RetrievalDataset:
     recall_at: tuple[int, ...] = (1, 2, 4, 8)
     class_names: dict[int, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    boxes: np.ndarray | None = None
+    """(N, 4) bounding boxes (left, top, right, bottom) in pixels, right and bottom exclusive, or None."""
 
     def __post_init__(self) -> None:
         n = len(self.images)
@@ -45,6 +48,8 @@ class RetrievalDataset:
             if len(getattr(self, column)) != n:
                 raise DataError(f"{self.name}: column '{column}' has {len(getattr(self, column))} rows, "
                                 f"expected {n} (one per image)")
+        if self.boxes is not None:
+            self._check_boxes(n)
         unknown = sorted(set(self.splits.tolist()) - set(SPLITS))
         if unknown:
             raise DataError(f"{self.name}: unknown split value(s) {unknown}; expected one of {list(SPLITS)}")
@@ -52,6 +57,16 @@ class RetrievalDataset:
             if self.images.dtype != np.uint8 or self.images.ndim not in (3, 4):
                 raise DataError(f"{self.name}: in-memory images must be uint8 (N,H,W) or (N,H,W,3), "
                                 f"got {self.images.dtype} {self.images.shape}")
+
+    def _check_boxes(self, n: int) -> None:
+        self.boxes = np.asarray(self.boxes, dtype=np.float64)
+        if self.boxes.shape != (n, 4):
+            raise DataError(f"{self.name}: bounding boxes have shape {self.boxes.shape}, expected ({n}, 4)")
+        empty = np.flatnonzero(~((self.boxes[:, 2] > self.boxes[:, 0]) & (self.boxes[:, 3] > self.boxes[:, 1])))
+        if len(empty):
+            shown = ", ".join(f"{self.describe(int(i))} {tuple(self.boxes[i].tolist())}" for i in empty[:5])
+            raise DataError(f"{self.name}: {len(empty):,} empty bounding box(es) (right <= left or bottom <= top), "
+                            f"e.g. {shown}")
 
     def __len__(self) -> int:
         return len(self.images)
@@ -61,11 +76,13 @@ class RetrievalDataset:
         return isinstance(self.images, np.ndarray)
 
     def image(self, index: int) -> np.ndarray:
-        """The image of row ``index`` as a uint8 (H, W, 3) RGB array."""
+        """The image of row ``index`` (its bounding box when the table has boxes) as a uint8 (H, W, 3) RGB array."""
         if self.in_memory:
             array = self.images[index]
-            return np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
-        return read_image(self.images[index])
+            array = np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
+        else:
+            array = read_image(self.images[index])
+        return array if self.boxes is None else crop_to_box(array, self.boxes[index], self.describe(index))
 
     def describe(self, index: int) -> str:
         """A human name for row ``index`` (its path, or its position in memory)."""
@@ -79,6 +96,7 @@ class RetrievalDataset:
             name=self.name, images=images, labels=self.labels[rows], splits=self.splits[rows],
             is_query=self.is_query[rows], is_gallery=self.is_gallery[rows], recall_at=self.recall_at,
             class_names=self.class_names, meta=dict(self.meta),
+            boxes=None if self.boxes is None else self.boxes[rows],
         )
 
     def split(self, name: str) -> RetrievalDataset:

@@ -4,10 +4,13 @@ Training (thesis §4.4.6; the HORDE code's ``MultiResolution`` / ``RandomCrop`` 
 the longer side is resized to ``U[lo, hi] x size`` keeping the aspect ratio, a ``size x size`` crop is
 taken at random (a side shorter than ``size`` is first centred on a black canvas; with ``pad="square"``,
 ABE §4's preprocessing, the shorter side is padded to the longer one first, so the crop also moves across
-the padding), then a horizontal flip with probability 1/2. Test (``TEST_RESIZE_MODES``): resize to
-``size x size`` (``resize``, the thesis), resize to ``ceil(1.144 size)`` and centre-crop ``size``
-(``resize_crop``, the HORDE authors' code), or scale the longer side to ``round(256/224 size)`` keeping the
-aspect ratio, pad the shorter side to a square and centre-crop ``size`` (``pad_crop``, ABE §4: 256 -> 224).
+the padding; with ``pad="stretch"``, ABE's cropped Cars-196, both sides are resized to the drawn length and
+the aspect ratio is not kept), then a horizontal flip with probability 1/2. Test (``TEST_RESIZE_MODES``):
+resize to ``size x size`` (``resize``, the thesis), resize to ``ceil(1.144 size)`` and centre-crop ``size``
+(``resize_crop``, the HORDE authors' code), scale the longer side to ``round(256/224 size)`` keeping the
+aspect ratio, pad the shorter side to a square and centre-crop ``size`` (``pad_crop``, ABE §4: 256 -> 224),
+or resize both sides to ``round(256/224 size)`` and centre-crop ``size`` (``stretch_crop``, ABE §4 for the
+cropped Cars-196: "256x256 scaled cropped images").
 
 Every random draw comes from the seed passed with the sample, so a batch is a pure function of the run
 seed and the step: resumed runs and data-loader workers see exactly the same pixels.
@@ -71,7 +74,10 @@ class TrainTransform:
         lo, hi = self.resize_range
         longer = max(1, round(rng.uniform(lo, hi) * self.size))
         canvas = max(self.size, longer) if self.pad == "square" else self.size
-        tensor = _pad_to(_resize_longer(to_tensor(image), longer), canvas)
+        image = to_tensor(image)
+        resized = F.resize(image, [longer, longer], antialias=True) if self.pad == "stretch" else \
+            _resize_longer(image, longer)
+        tensor = _pad_to(resized, canvas)
         top = int(rng.integers(0, tensor.shape[1] - self.size + 1))
         left = int(rng.integers(0, tensor.shape[2] - self.size + 1))
         tensor = tensor[:, top:top + self.size, left:left + self.size]
@@ -81,7 +87,8 @@ class TrainTransform:
 
 
 class TestTransform:
-    """Deterministic test-time resizing: ``resize``, ``resize_crop`` or ``pad_crop`` (module docstring)."""
+    """Deterministic test-time resizing: ``resize``, ``resize_crop``, ``pad_crop`` or ``stretch_crop`` (module
+    docstring)."""
 
     def __init__(self, size: int, mode: str = "resize"):
         if mode not in TEST_RESIZE_MODES:
@@ -99,5 +106,9 @@ class TestTransform:
             tensor = F.center_crop(F.resize(tensor, [big, big], antialias=True), [self.size, self.size])
         else:
             longer = max(self.size, round(self.size * ABE_TEST_SCALE))
-            tensor = F.center_crop(_pad_to(_resize_longer(tensor, longer), longer), [self.size, self.size])
+            if self.mode == "pad_crop":
+                tensor = _pad_to(_resize_longer(tensor, longer), longer)
+            else:
+                tensor = F.resize(tensor, [longer, longer], antialias=True)
+            tensor = F.center_crop(tensor, [self.size, self.size])
         return tensor.float().div_(255.0)
