@@ -38,6 +38,15 @@ def test_bad_values_name_the_key():
         build_config(parse_override("data.test_resize=stretch"))
     with pytest.raises(ConfigError, match="data.train_pad must be one of size, square, stretch, got 'mirror'"):
         build_config(parse_override("data.train_pad=mirror"))
+    with pytest.raises(ConfigError, match="lr_schedule must be one of constant, cosine, step, got 'linear'"):
+        build_config(parse_override("train.lr_schedule=linear"))
+    for milestones in ("[]", "[5, 5]", "[0, 3]"):
+        with pytest.raises(ConfigError, match="lr_schedule=step needs train.lr_milestones: increasing steps"):
+            build_config({"train": {"lr_schedule": "step", "lr_milestones": yaml.safe_load(milestones)}})
+    with pytest.raises(ConfigError, match="lr_milestones is used by train.lr_schedule=step only"):
+        build_config(parse_override("train.lr_milestones=[100]"))
+    with pytest.raises(ConfigError, match="lr_gamma must be > 0"):
+        build_config({"train": {"lr_schedule": "step", "lr_milestones": [3], "lr_gamma": 0}})
     with pytest.raises(ConfigError, match="classes_per_batch"):
         build_config(parse_override("data.classes_per_batch=1"))
     with pytest.raises(ConfigError, match="eval.engine must be one of auto, torch, numpy, faiss, got 'blas'"):

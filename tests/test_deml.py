@@ -268,7 +268,25 @@ def test_bad_deml_options_are_named():
                         create_model("tiny", pretrained=False).head)
 
 
-def test_deml_trains_resumes_and_reloads_through_the_run_directory(tmp_path):
+def test_each_root_learner_alone_is_its_scales_learners_concatenated():
+    """Table 2's O columns: scale i's embedding is its J parts side by side, / sqrt(J) (unit length); the
+    whole embedding is the scales side by side, / sqrt(I)."""
+    model = deml(3, 2).eval()
+    with torch.no_grad():
+        output = model(torch.rand(4, 3, 16, 16))
+    scales = model.head.auxiliary_embeddings(output)
+    assert list(scales) == ["deml.scale1", "deml.scale2", "deml.scale3"]
+    for i, vectors in enumerate(scales.values()):
+        assert torch.allclose(vectors, torch.cat(output.parts[2 * i:2 * i + 2], dim=1) / 2**0.5)
+        assert torch.allclose(vectors.norm(dim=1), torch.ones(4), atol=1e-6)
+    assert torch.allclose(torch.cat(list(scales.values()), dim=1) / 3**0.5, output.embedding, atol=1e-6)
+    assert deml(1, 4).head.auxiliary_embeddings(output) == {}  # one scale: the root-learner is the embedding
+
+
+def test_deml_trains_resumes_and_reloads_through_the_run_directory(tmp_path, capsys):
+    import json
+
+    from deepmetric.cli import main
     from deepmetric.training import train
     from deepmetric.workflows import evaluate_run
 
@@ -277,6 +295,11 @@ def test_deml_trains_resumes_and_reloads_through_the_run_directory(tmp_path):
     train(config, tmp_path / "run", progress=False)
     record = evaluate_run(tmp_path / "run", progress=False)
     assert 0 <= record["metrics"]["recall@1"] <= 1
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), "--all-embeddings", "--json", "--quiet"]) == 0
+    rows = json.loads(capsys.readouterr().out)  # no PCA row: the scales are parts of the embedding
+    assert list(rows) == ["embedding", "deml.scale1", "deml.scale2"]
+    assert rows["embedding"] == pytest.approx(record["metrics"])
     log = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert all(f'"{term}"' in log for term in ("deml-adversary", "activation-decay", "learner-row-norm"))
     longer = tiny_config(model={"head": "deml", "head_options": options}, train={"steps": 3})
@@ -298,6 +321,14 @@ def test_presets_cover_the_ablation_grid_on_four_data_sets_and_the_demo_matches_
         assert config.loss.options == {"negative_weight": 35} and config.train.weight_decay == 2e-4
         assert config.train.lr == config.train.lr_backbone == 1e-5
         assert all(config.train.groups[g]["lr_scale"] == 10 for g in ("learners", "gates", "loss"))
+    for data in ("cub", "cars", "sop", "inshop"):  # the U512 baseline (Tables 1, 3) under DeML's preprocessing
+        u512, deml33 = (build_config(load_yaml(configs / "deml" / f"{data}-{n}.yaml")) for n in ("u512", "deml33"))
+        assert (u512.model.head, u512.model.embedding_dim, u512.loss.name) == ("gap", 512, "binomial")
+        assert u512.loss.options == {"negative_weight": 25} and u512.train.groups == {"new": {"lr_scale": 10}}
+        assert (u512.data.classes_per_batch, u512.data.samples_per_class) == (65, 2)
+        same = ("spec", "image_size", "resize_range", "test_resize")
+        assert all(getattr(u512.data, key) == getattr(deml33.data, key) for key in same)
+        assert u512.train.steps == (5000 if data == "cub" else deml33.train.steps)
     demo, baseline = (build_config(load_yaml(configs / name)) for name in ("demo-glyphs-deml.yaml", "demo-glyphs.yaml"))
     assert (demo.train.steps, demo.train.seed, demo.train.lr_backbone) == (baseline.train.steps, baseline.train.seed,
                                                                          baseline.train.lr_backbone)

@@ -233,3 +233,21 @@ def test_diversity_loss_is_log_2_at_the_margin_and_rejects_unknown_normalisation
     assert float(DiversityLoss()(output, None)) == pytest.approx(math.log(2), rel=1e-12)
     with pytest.raises(ConfigError, match="normalization must be one of"):
         DiversityLoss(normalization="mean")
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "resnet50"])
+def test_presets_train_the_codes_epochs_with_its_multistep_schedule(arch):
+    """The authors' code: CUB 100 epochs (x0.3 from epoch 55), Cars 200 (from 100), SOP 150 (from 100), an epoch
+    being floor(training images / 112) batches."""
+    from pathlib import Path
+
+    from deepmetric.config import load_yaml
+    from deepmetric.data.benchmarks import PUBLISHED
+
+    for data, epochs, milestone in (("cub", 100, 55), ("cars", 200, 100), ("sop", 150, 100)):
+        config = build_config(load_yaml(Path(__file__).parent.parent / "configs" / f"{data}-{arch}-dgml.yaml"))
+        batch = config.data.classes_per_batch * config.data.samples_per_class
+        per_epoch = PUBLISHED[data]["train"] // batch
+        assert batch == 112 and config.train.steps == epochs * per_epoch
+        assert (config.train.lr_schedule, config.train.lr_milestones, config.train.lr_gamma) == (
+            "step", [milestone * per_epoch], 0.3)

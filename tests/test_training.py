@@ -54,6 +54,23 @@ def test_best_checkpoint_follows_validation_recall(tmp_path):
     assert json.loads(json.dumps(run.config().to_dict())) == config.to_dict()
 
 
+@pytest.mark.parametrize("schedule", ["step", "cosine"])
+def test_learning_rate_schedules(tmp_path, schedule):
+    """``step``: x0.5 from step 2 and again from step 4 (0-based, as MultiStepLR's milestones), also when the
+    run is extended from 3 to 6 steps by a resume; ``cosine``: (1 + cos(pi s / 6)) / 2 over 6 steps."""
+    if schedule == "step":
+        options = {"lr_schedule": "step", "lr_milestones": [2, 4], "lr_gamma": 0.5}
+        expected = [1e-3 * 0.5 ** ((s >= 2) + (s >= 4)) for s in range(6)]
+        train(tiny_config(train={"steps": 3, **options}), tmp_path / "run", progress=False)
+        train(tiny_config(train={"steps": 6, **options}), tmp_path / "run", resume=True, progress=False)
+    else:
+        expected = [1e-3 * (1 + np.cos(np.pi * s / 6)) / 2 for s in range(6)]
+        train(tiny_config(train={"steps": 6, "lr_schedule": "cosine"}), tmp_path / "run", progress=False)
+    logged = {r["step"]: r["lr"] for r in RunDir(tmp_path / "run").read_log() if "loss" in r}
+    assert sorted(logged) == [1, 2, 3, 4, 5, 6]
+    assert [logged[s + 1] for s in range(6)] == pytest.approx(expected, rel=1e-6)
+
+
 def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
     config = tiny_config(loss={"name": "contrastive", "options": {"margin": float("nan")}})
     with pytest.raises(TrainingError, match="step 1: the loss term 'metric' is nan"):

@@ -24,6 +24,8 @@ TRAIN_PAD_MODES = ("size", "square", "stretch")
 """``data.train_pad`` choices (data/transforms.py)."""
 TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop", "stretch_crop")
 """``data.test_resize`` choices (data/transforms.py)."""
+LR_SCHEDULES = ("constant", "cosine", "step")
+"""``train.lr_schedule`` choices (training/optim.py)."""
 
 
 @dataclass
@@ -115,7 +117,12 @@ class TrainConfig:
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per parameter group (``pretrained``, ``new``, ``loss`` or a head's own): ``lr_scale`` and ``weight_decay``."""
     lr_schedule: str = "constant"
-    """``constant`` (the papers) or ``cosine`` (decay to 0 over ``steps``)."""
+    """``constant`` (the papers), ``cosine`` (decay to 0 over ``steps``) or ``step`` (the rates are multiplied by
+    ``lr_gamma`` at each of ``lr_milestones``: PyTorch's MultiStepLR, Caffe's ``multistep`` policy)."""
+    lr_milestones: list[int] = field(default_factory=list)
+    """Steps (0-based, increasing) from which ``step`` applies one more factor ``lr_gamma``."""
+    lr_gamma: float = 0.1
+    """The factor of the ``step`` schedule."""
     eval_every: int = 500
     checkpoint_every: int = 500
     log_every: int = 10
@@ -357,8 +364,18 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
     if t.steps < 0:
         raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
-    if t.lr_schedule not in ("constant", "cosine"):
-        raise ConfigError(f"train.lr_schedule must be 'constant' or 'cosine', got '{t.lr_schedule}'")
+    if t.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{t.lr_schedule}'")
+    if t.lr_schedule == "step":
+        if not t.lr_milestones or any(b <= a for a, b in zip(t.lr_milestones, t.lr_milestones[1:], strict=False)) \
+                or t.lr_milestones[0] < 1:
+            raise ConfigError(f"train.lr_schedule=step needs train.lr_milestones: increasing steps >= 1, got "
+                              f"{t.lr_milestones}")
+        if t.lr_gamma <= 0:
+            raise ConfigError(f"train.lr_gamma must be > 0, got {t.lr_gamma}")
+    elif t.lr_milestones:
+        raise ConfigError(f"train.lr_milestones is used by train.lr_schedule=step only (the schedule is "
+                          f"'{t.lr_schedule}')")
     for name in ("eval_every", "checkpoint_every", "log_every"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be at least 1")

@@ -54,9 +54,10 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
 
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,
                             progress: bool = True) -> dict[str, Any]:
-    """Test metrics of the model's embedding, of each auxiliary embedding its objective computes (HORDE's
-    per-order embeddings, thesis Tables 5.3-5.5) and of their concatenation reduced by a PCA fitted on the
-    training split (HORDE's †); writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
+    """Test metrics of the model's embedding, of each auxiliary embedding its head computes (DeML's per-scale
+    root-learners, Table 2's O columns) or its objective computes (HORDE's per-order embeddings, thesis Tables
+    5.3-5.5) and, with the objective's, of the concatenation of those and the model's reduced by a PCA fitted on
+    the training split (HORDE's †); writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
     from .evaluation.auxiliary import concat_pca, embed_with_objective
     from .evaluation.evaluator import split_metrics
     from .losses import build_objective
@@ -78,10 +79,12 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     test = embed_with_objective(model, objective, test_part, *options, desc="embedding test")
     rows = {name: split_metrics(values, test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
             for name, values in test.items()}
-    if len(test) > 1:
+    concatenated = ["embedding"] + [k for k in test if k.partition(".")[0] in objective.regularizers]
+    if len(concatenated) > 1:
         train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = split_metrics(
-            concat_pca(train, test, pca_dim), test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
+            concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim),
+            test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
     record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
               "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
               "embeddings": rows, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -1,10 +1,12 @@
-"""Evaluating the embeddings an objective computes beside the model's own (e.g. HORDE's per-order ones).
+"""Evaluating the embeddings a head or an objective computes beside the model's own (e.g. DeML's per-scale
+root-learners, HORDE's per-order embeddings).
 
-``embed_with_objective`` embeds a split with the model and every auxiliary embedding of the objective
-(``Objective.auxiliary_embeddings``); ``concat_pca`` builds the HORDE "†" representation (thesis §5.4.1):
-the concatenation of all embeddings reduced by a PCA. Decisions the thesis leaves open: the l2-normalised
-per-order embeddings are concatenated; the PCA is fitted on the **training** split (the test classes stay
-unseen), centred, not whitened; the result is l2-normalised.
+``embed_with_objective`` embeds a split with the model and every auxiliary embedding of the head
+(``Head.auxiliary_embeddings``) and of the objective (``Objective.auxiliary_embeddings``); ``concat_pca``
+builds the HORDE "†" representation (thesis §5.4.1): the concatenation of the model's and the objective's
+embeddings reduced by a PCA. Decisions the thesis leaves open: the l2-normalised per-order embeddings are
+concatenated; the PCA is fitted on the **training** split (the test classes stay unseen), centred, not
+whitened; the result is l2-normalised.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, tab
                          image_size: int, test_resize: str = "resize", batch_size: int = 128,
                          device: str | torch.device = "cpu", num_workers: int = 0, progress: bool = True,
                          desc: str = "embedding") -> dict[str, np.ndarray]:
-    """``{"embedding": model's, "<regulariser>.<name>": ...}`` for every row of ``table``."""
+    """``{"embedding": model's, "<head>.<name>": ..., "<regulariser>.<name>": ...}`` for every row of ``table``."""
     was_training = objective.training
     objective.eval()
+
+    def select(output):
+        return {"embedding": output.embedding, **model.head.auxiliary_embeddings(output),
+                **objective.auxiliary_embeddings(output)}
+
     try:
-        return embed_outputs(model, table, image_size,
-                             lambda output: {"embedding": output.embedding, **objective.auxiliary_embeddings(output)},
-                             test_resize, batch_size, device, num_workers, progress, desc)
+        return embed_outputs(model, table, image_size, select, test_resize, batch_size, device, num_workers,
+                             progress, desc)
     finally:
         objective.train(was_training)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -41,14 +43,19 @@ def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) 
     return torch.optim.Adam(groups)
 
 
-def schedule_factor(schedule: str, step: int, total: int) -> float:
-    """Multiplier of the initial learning rates at ``step`` (0-based) of ``total``."""
+def schedule_factor(schedule: str, step: int, total: int, milestones: Sequence[int] = (),
+                    gamma: float = 0.1) -> float:
+    """Multiplier of the initial learning rates at ``step`` (0-based) of ``total``: 1 (``constant``),
+    (1 + cos(pi step / total)) / 2 (``cosine``), or gamma ** (milestones reached, ``step``)."""
     if schedule == "cosine" and total > 0:
         return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+    if schedule == "step":
+        return gamma ** bisect.bisect_right(milestones, step)
     return 1.0
 
 
-def apply_schedule(optimizer: torch.optim.Optimizer, schedule: str, step: int, total: int) -> None:
-    factor = schedule_factor(schedule, step, total)
+def apply_schedule(optimizer: torch.optim.Optimizer, schedule: str, step: int, total: int,
+                   milestones: Sequence[int] = (), gamma: float = 0.1) -> None:
+    factor = schedule_factor(schedule, step, total, milestones, gamma)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * factor

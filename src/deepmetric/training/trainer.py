@@ -273,7 +273,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         for step in range(start_step, t.steps):
             images, labels, _ = next(batches)
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            apply_schedule(optimizer, t.lr_schedule, step, t.steps)
+            apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
             with autocast:
                 output = trained(images)
             if t.amp:

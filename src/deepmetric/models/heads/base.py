@@ -80,6 +80,9 @@ class Head(nn.Module):
     A head with attention maps names one of them ``part_name`` (DIABLO's dictionary "entry", ABE's "learner",
     DGML's "group"), which the report and ``deepmetric explain`` use as labels.
 
+    A head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O columns)
+    returns them from ``auxiliary_embeddings(output)``; ``deepmetric evaluate --all-embeddings`` scores each.
+
     A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
     implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
     trunk features F of that many training images, without augmentation, batch by batch.
@@ -132,6 +135,10 @@ class Head(nn.Module):
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named groups covering every parameter once; the default is ``pretrained`` and ``new``."""
         return {"pretrained": self.pretrained_parameters(), "new": self.new_parameters()}
+
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """``{"<head>.<name>": (B, D) l2-normalised}``: sub-embeddings scored on their own (default: none)."""
+        return {}
 
     def initialize(self, feature_batches: Iterable[torch.Tensor]) -> None:
         """Data-dependent initialisation from trunk features (B, C, h, w) of training images (default: none)."""

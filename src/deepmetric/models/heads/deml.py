@@ -131,6 +131,15 @@ class DeMLHead(Head):
     def num_parts(self) -> int:
         return self.num_scales * self.num_branches
 
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """Each OA root-learner alone (Table 2's O columns): scale i's J learners concatenated, / sqrt(J), so
+        l2-normalised like the whole embedding; none with a single scale (the root-learner is the embedding)."""
+        if self.num_scales < 2:
+            return {}
+        j = self.num_branches
+        return {f"deml.scale{i + 1}": torch.cat(output.parts[i * j:(i + 1) * j], dim=1) / math.sqrt(j)
+                for i in range(self.num_scales)}
+
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"pretrained": self.pretrained_parameters(), "gates": list(self.gates.parameters()),
                 "learners": list(self.learners.parameters())}
