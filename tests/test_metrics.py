@@ -255,3 +255,17 @@ def test_importing_deepmetric_lets_openblas_threads_sleep_unless_the_user_chose(
             env["OPENBLAS_THREAD_TIMEOUT"] = chosen
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert done.stdout.strip() == expected
+
+
+def test_kmeans_without_faiss_warns_from_the_cluster_count_where_it_would_use_faiss(monkeypatch, caplog):
+    from deepmetric.evaluation import metrics
+
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    monkeypatch.setattr(metrics, "faiss_available", lambda: False)
+    monkeypatch.setattr(metrics, "FAISS_KMEANS_FROM", 8)
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        assert len(set(metrics.kmeans_labels(x, 7).tolist())) <= 7 and not caplog.records
+        assert len(metrics.kmeans_labels(x, 8)) == 40
+    assert [r.getMessage() for r in caplog.records] == [
+        "NMI: k-means with 8 clusters by scikit-learn, because faiss is not installed; this is slow "
+        "(pip install faiss-cpu, or eval.nmi=false)"]

@@ -77,6 +77,9 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
         kmeans = faiss.Kmeans(x.shape[1], n_clusters, niter=20, seed=seed, verbose=False)
         kmeans.train(np.ascontiguousarray(x, dtype=np.float32))
         return kmeans.index.search(np.ascontiguousarray(x, dtype=np.float32), 1)[1][:, 0]
+    if n_clusters >= FAISS_KMEANS_FROM:
+        log.warning("NMI: k-means with %d clusters by scikit-learn, because faiss is not installed; this is slow "
+                    "(pip install faiss-cpu, or eval.nmi=false)", n_clusters)
     from sklearn.cluster import KMeans
 
     return KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
