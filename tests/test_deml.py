@@ -335,3 +335,22 @@ def test_presets_cover_the_ablation_grid_on_four_data_sets_and_the_demo_matches_
     assert demo.data == baseline.data and demo.model.head_options["num_scales"] == 2
     learners = DeMLHead.default_groups["learners"]["lr_scale"]
     assert demo.train.lr * learners == baseline.train.lr  # the learners train at the baseline's new-layer rate
+
+
+def test_the_gap_heads_single_learner_feeds_activation_decay_and_the_row_norm():
+    """DeML Table 1's ``Ud + L_act``: the GAP head's linear layer is the one learner; L_act = mean ||W^T f||^2 / 2
+    (I = J = 1), L_ntri = sum_r (||w_r||^2 - 1)^2; the released code's path trains only W."""
+    torch.manual_seed(0)
+    model = create_model("tiny", pretrained=False, embedding_dim=8, freeze_bn=False)
+    output = model(torch.rand(5, 3, 16, 16))
+    raw = model.head.embed(output.extras["pooled"])
+    assert torch.allclose(ActivationDecay()(output, None), raw.pow(2).sum(dim=1).mean() / 2)
+    weights = model.head.embed.weight  # (D, C)
+    assert torch.allclose(LearnerRowNorm()(output, None), (weights.pow(2).sum(dim=1) - 1).pow(2).sum())
+    assert torch.allclose(F.normalize(output.extras["learner_activations"][:, 0], dim=1), output.embedding)
+    ActivationDecay(reach_backbone=False)(output, None).backward()
+    assert weights.grad.abs().sum() > 0
+    assert all(p.grad is None for name, p in model.named_parameters() if not name.startswith("head.embed"))
+    bare = create_model("tiny", pretrained=False, embedding_dim=0)
+    with pytest.raises(ConfigError, match="needs extras\\['learner_activations'\\].*feature_map, pooled"):
+        ActivationDecay()(bare(torch.rand(2, 3, 16, 16)), None)

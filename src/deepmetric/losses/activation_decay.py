@@ -10,7 +10,8 @@
   ``L_ntri = sum_{i,j} sum_r (||omega_r||^2 - 1)^2``: rows of unit norm, which stops L_act from shrinking the
   weights to 0. (The code adds the same gradient with lambda 0.5 / 56 per row.)
 
-Both read what the head puts in ``HeadOutput.extras`` (the deml head provides them).
+Both read what the head puts in ``HeadOutput.extras`` (the deml head provides them, and the gap head for its
+single learner, DeML's ``Ud + L_act`` baselines).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from ..models.heads import HeadOutput
 
 def _extra(output: HeadOutput, key: str, regularizer: str) -> torch.Tensor:
     if key not in output.extras:
-        raise ConfigError(f"regularizer '{regularizer}' needs extras['{key}'] from the head (the deml head gives "
-                          f"it); this head's extras are: {', '.join(output.extras) or 'none'}")
+        raise ConfigError(f"regularizer '{regularizer}' needs extras['{key}'] from the head (the deml head and "
+                          f"the gap head with a projection give it); this head's extras are: "
+                          f"{', '.join(output.extras) or 'none'}")
     return output.extras[key]
 
 

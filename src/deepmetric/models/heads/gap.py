@@ -10,6 +10,11 @@ heads that pool F at a chosen ``model.split`` (``bilinear``, ``jcf``; thesis Tab
 
 The head is MIRAGE's encoder (thesis eq. 6.1, ``x = E(f) = W^T f / ||W^T f||``): it puts the pooled vector f in
 ``extras["pooled"]`` and ``encode(f)`` re-embeds any (B, C) feature vectors, e.g. generated ones.
+
+It is also DeML's unified-metric baseline ``Ud`` (one learner, the linear layer): with a projection it puts the
+learner's raw outputs ``W^T f`` and its weights in ``extras["learner_activations"]`` (B, 1, D),
+``["learner_activations_fc_only"]`` (from a detached f) and ``["learner_weights"]`` (1, D, C), which DeML's
+activation decay reads (``U512 + L_act``, DeML Table 1).
 """
 
 from __future__ import annotations
@@ -52,5 +57,10 @@ class GAPHead(Head):
     def forward(self, features: torch.Tensor) -> HeadOutput:
         feature_map = self.tail(features)  # (B, C, h, w)
         pooled = feature_map.mean(dim=(2, 3))  # (B, C)
-        embedding = self.encode(pooled)
-        return HeadOutput(embedding=embedding, parts=[embedding], extras={"feature_map": feature_map, "pooled": pooled})
+        raw = self.embed(pooled)
+        embedding = F.normalize(raw, dim=1) if self.normalized else raw  # encode(pooled), raw kept
+        extras = {"feature_map": feature_map, "pooled": pooled}
+        if isinstance(self.embed, nn.Linear):  # DeML's activation decay on the single learner
+            extras.update(learner_activations=raw[:, None], learner_weights=self.embed.weight[None],
+                          learner_activations_fc_only=self.embed(pooled.detach())[:, None])
+        return HeadOutput(embedding=embedding, parts=[embedding], extras=extras)
