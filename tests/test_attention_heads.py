@@ -236,6 +236,24 @@ def test_abe_defaults_sum_per_learner_losses_and_add_the_divergence():
     assert objective.on == "embedding" and not objective.weights  # DIABLO: no divergence loss
 
 
+@pytest.mark.parametrize(("head", "option", "prefix"), [("abe", "num_learners", "abe.learner"),
+                                                       ("mheads", "num_heads", "mheads.head")])
+def test_each_learner_alone_is_offered_for_evaluation(head, option, prefix):
+    """ABE Tables 1-2's individual learners: every learner's own l2-normalised embedding, in order; none with
+    a single learner (it is the embedding)."""
+    torch.manual_seed(0)
+    model = create_model("tiny", head=head, pretrained=False, embedding_dim=16, **{option: 4}).eval()
+    with torch.no_grad():
+        output = model(torch.rand(3, 3, 32, 32))
+    alone = model.head.auxiliary_embeddings(output)
+    assert list(alone) == [f"{prefix}{m}" for m in range(1, 5)]
+    assert all(torch.equal(alone[f"{prefix}{m + 1}"], output.parts[m]) and output.parts[m].shape == (3, 4)
+               for m in range(4))
+    assert torch.allclose(torch.cat(list(alone.values()), dim=1) / 2, output.embedding)
+    single = create_model("tiny", head=head, pretrained=False, embedding_dim=16, **{option: 1})
+    assert single.head.auxiliary_embeddings(single(torch.rand(2, 3, 32, 32))) == {}
+
+
 def test_attention_heads_refuse_backbones_without_a_layout():
     from deepmetric.errors import ConfigError
 

@@ -26,7 +26,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..backbones import Backbone, attention_layout
 from .attention import MultiBranchHead, SigmoidMasks, copy_stages, phi_channels
-from .base import Head, HeadOutput
+from .base import Head, HeadOutput, each_part
 
 
 class ABEHead(MultiBranchHead):
@@ -38,6 +38,10 @@ class ABEHead(MultiBranchHead):
     @classmethod
     def default_split(cls, backbone_name: str, **options: Any) -> str | None:
         return attention_layout(backbone_name, "pre")[0]
+
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """Each learner alone (Tables 1-2's "individual learners")."""
+        return each_part(output, "abe.learner")
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, num_learners: int = 8,
@@ -76,6 +80,10 @@ class MHeadsHead(Head):
     @property
     def num_parts(self) -> int:
         return self.num_heads
+
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
+        """Each head alone (ABE Table 1's individual learners of the M-heads ensembles)."""
+        return each_part(output, "mheads.head")
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         parts = [F.normalize(embed(tail(features).mean(dim=(2, 3))), dim=1)

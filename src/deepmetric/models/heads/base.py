@@ -80,8 +80,9 @@ class Head(nn.Module):
     A head with attention maps names one of them ``part_name`` (DIABLO's dictionary "entry", ABE's "learner",
     DGML's "group"), which the report and ``deepmetric explain`` use as labels.
 
-    A head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O columns)
-    returns them from ``auxiliary_embeddings(output)``; ``deepmetric evaluate --all-embeddings`` scores each.
+    A head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O columns; ABE's
+    individual learners, Tables 1-2) returns them from ``auxiliary_embeddings(output)``; ``deepmetric evaluate
+    --all-embeddings`` scores each.
 
     A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
     implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
@@ -139,6 +140,11 @@ class Head(nn.Module):
     def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
         """``{"<head>.<name>": (B, D) l2-normalised}``: sub-embeddings scored on their own (default: none)."""
         return {}
+
+
+def each_part(output: HeadOutput, prefix: str) -> dict[str, torch.Tensor]:
+    """``{"<prefix>1": part 1, ...}``: every learner's own (l2-normalised) embedding, when there are several."""
+    return {f"{prefix}{m + 1}": part for m, part in enumerate(output.parts)} if len(output.parts) > 1 else {}
 
     def initialize(self, feature_batches: Iterable[torch.Tensor]) -> None:
         """Data-dependent initialisation from trunk features (B, C, h, w) of training images (default: none)."""
