@@ -141,11 +141,6 @@ class Head(nn.Module):
         """``{"<head>.<name>": (B, D) l2-normalised}``: sub-embeddings scored on their own (default: none)."""
         return {}
 
-
-def each_part(output: HeadOutput, prefix: str) -> dict[str, torch.Tensor]:
-    """``{"<prefix>1": part 1, ...}``: every learner's own (l2-normalised) embedding, when there are several."""
-    return {f"{prefix}{m + 1}": part for m, part in enumerate(output.parts)} if len(output.parts) > 1 else {}
-
     def initialize(self, feature_batches: Iterable[torch.Tensor]) -> None:
         """Data-dependent initialisation from trunk features (B, C, h, w) of training images (default: none)."""
 
@@ -160,3 +155,8 @@ def each_part(output: HeadOutput, prefix: str) -> dict[str, torch.Tensor]:
 
     def forward(self, features: torch.Tensor) -> HeadOutput:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def each_part(output: HeadOutput, prefix: str) -> dict[str, torch.Tensor]:
+    """``{"<prefix>1": part 1, ...}``: every learner's own (l2-normalised) embedding, when there are several."""
+    return {f"{prefix}{m + 1}": part for m, part in enumerate(output.parts)} if len(output.parts) > 1 else {}
