@@ -44,12 +44,17 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
                              device, config.data.num_workers, progress, desc="embedding test")
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
-    state = checkpoint_state(checkpoint)
-    record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
-              "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
-              "metrics": metrics, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), metrics=metrics)
     atomic_write_text(run.test_metrics, json.dumps(record, indent=2))
     return record, embeddings
+
+
+def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, state: dict[str, Any],
+                 **results: Any) -> dict[str, Any]:
+    """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``."""
+    return {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
+            "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"), **results,
+            "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,
@@ -59,7 +64,6 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     5.3-5.5) and, with the objective's, of the concatenation of those and the model's reduced by a PCA fitted on
     the training split (HORDE's †); writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
     from .evaluation.auxiliary import concat_pca, embed_with_objective
-    from .evaluation.evaluator import split_metrics
     from .losses import build_objective
 
     run = RunDir(run_dir)
@@ -76,18 +80,16 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     d = config.data
     options = (d.image_size, d.test_resize, config.eval.batch_size, device, d.num_workers, progress)
     test_part = table.split("test")
+    recall_at = config.eval.recall_at or table.recall_at
     test = embed_with_objective(model, objective, test_part, *options, desc="embedding test")
-    rows = {name: split_metrics(values, test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
-            for name, values in test.items()}
+    rows = {name: split_metrics(values, test_part, recall_at, config.eval.nmi) for name, values in test.items()}
     concatenated = ["embedding"] + [k for k in test if k.partition(".")[0] in objective.regularizers]
     if len(concatenated) > 1:
         train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = split_metrics(
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim),
-            test_part, config.eval.recall_at or table.recall_at, config.eval.nmi)
-    record = {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
-              "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
-              "embeddings": rows, "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            test_part, recall_at, config.eval.nmi)
+    record = _test_record(config, table, checkpoint, state, embeddings=rows)
     atomic_write_text(run.path / "metrics-all-embeddings.json", json.dumps(record, indent=2))
     return record
 

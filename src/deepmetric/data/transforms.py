@@ -101,14 +101,12 @@ class TestTransform:
         if self.mode == "resize":
             if tuple(tensor.shape[-2:]) != (self.size, self.size):
                 tensor = F.resize(tensor, [self.size, self.size], antialias=True)
-        elif self.mode == "resize_crop":
-            big = math.ceil(self.size * 1.144)
-            tensor = F.center_crop(F.resize(tensor, [big, big], antialias=True), [self.size, self.size])
         else:
-            longer = max(self.size, round(self.size * ABE_TEST_SCALE))
-            if self.mode == "pad_crop":
-                tensor = _pad_to(_resize_longer(tensor, longer), longer)
-            else:
-                tensor = F.resize(tensor, [longer, longer], antialias=True)
+            side = math.ceil(self.size * 1.144) if self.mode == "resize_crop" else \
+                max(self.size, round(self.size * ABE_TEST_SCALE))
+            if self.mode == "pad_crop":  # the aspect ratio kept, the shorter side padded
+                tensor = _pad_to(_resize_longer(tensor, side), side)
+            else:  # resize_crop, stretch_crop: squashed to a square
+                tensor = F.resize(tensor, [side, side], antialias=True)
             tensor = F.center_crop(tensor, [self.size, self.size])
         return tensor.float().div_(255.0)

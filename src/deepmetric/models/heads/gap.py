@@ -11,8 +11,8 @@ heads that pool F at a chosen ``model.split`` (``bilinear``, ``jcf``; thesis Tab
 The head is MIRAGE's encoder (thesis eq. 6.1, ``x = E(f) = W^T f / ||W^T f||``): it puts the pooled vector f in
 ``extras["pooled"]`` and ``encode(f)`` re-embeds any (B, C) feature vectors, e.g. generated ones.
 
-It is also DeML's unified-metric baseline ``Ud`` (one learner, the linear layer): with a projection it puts the
-learner's raw outputs ``W^T f`` and its weights in ``extras["learner_activations"]`` (B, 1, D),
+It is also DeML's unified-metric baseline ``Ud`` (one learner, the linear layer): with a projection, in training
+mode, it puts the learner's raw outputs ``W^T f`` and its weights in ``extras["learner_activations"]`` (B, 1, D),
 ``["learner_activations_fc_only"]`` (from a detached f) and ``["learner_weights"]`` (1, D, C), which DeML's
 activation decay reads (``U512 + L_act``, DeML Table 1).
 """
@@ -51,16 +51,18 @@ class GAPHead(Head):
 
     def encode(self, pooled: torch.Tensor) -> torch.Tensor:
         """E(f) (eq. 6.1): (B, C) pooled features -> (B, D) embeddings, l2-normalised unless ``l2=False``."""
-        embedding = self.embed(pooled)
-        return F.normalize(embedding, dim=1) if self.normalized else embedding
+        return self._normalize(self.embed(pooled))
+
+    def _normalize(self, raw: torch.Tensor) -> torch.Tensor:
+        return F.normalize(raw, dim=1) if self.normalized else raw
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         feature_map = self.tail(features)  # (B, C, h, w)
         pooled = feature_map.mean(dim=(2, 3))  # (B, C)
         raw = self.embed(pooled)
-        embedding = F.normalize(raw, dim=1) if self.normalized else raw  # encode(pooled), raw kept
+        embedding = self._normalize(raw)  # encode(pooled), with the raw outputs kept
         extras = {"feature_map": feature_map, "pooled": pooled}
-        if isinstance(self.embed, nn.Linear):  # DeML's activation decay on the single learner
+        if self.training and isinstance(self.embed, nn.Linear):  # DeML's activation decay (a training loss)
             extras.update(learner_activations=raw[:, None], learner_weights=self.embed.weight[None],
                           learner_activations_fc_only=self.embed(pooled.detach())[:, None])
         return HeadOutput(embedding=embedding, parts=[embedding], extras=extras)
