@@ -254,6 +254,20 @@ def test_each_learner_alone_is_offered_for_evaluation(head, option, prefix):
     assert single.head.auxiliary_embeddings(single(torch.rand(2, 3, 32, 32))) == {}
 
 
+def test_learner_summary_is_the_mean_and_population_deviation_of_the_numbered_rows():
+    from deepmetric.evaluation.auxiliary import learner_summary
+
+    rows = {"embedding": {"recall@1": 0.9}, "abe.learner1": {"recall@1": 0.5, "nmi": 0.2},
+            "abe.learner2": {"recall@1": 0.6, "nmi": 0.4}, "abe.learner3": {"recall@1": 0.7, "nmi": 0.9},
+            "abe.learnerX": {"recall@1": 0.0, "nmi": 0.0}, "deml.scale1": {"recall@1": 0.0, "nmi": 0.0}}
+    summary = learner_summary(rows, "abe.learner")
+    assert list(summary) == ["abe.learner1-3 mean", "abe.learner1-3 std"]
+    assert summary["abe.learner1-3 mean"] == pytest.approx({"recall@1": 0.6, "nmi": 0.5})
+    assert summary["abe.learner1-3 std"] == pytest.approx({"recall@1": (0.02 / 3) ** 0.5, "nmi": (0.26 / 3) ** 0.5})
+    assert learner_summary({"abe.learner1": {"recall@1": 0.5}}, "abe.learner") == {}
+    assert learner_summary(rows, None) == {}
+
+
 def test_attention_heads_refuse_backbones_without_a_layout():
     from deepmetric.errors import ConfigError
 
@@ -267,7 +281,7 @@ def test_attention_heads_refuse_backbones_without_a_layout():
                                           ("mheads", {"num_heads": 2})])
 def test_heads_train_resume_and_reload_through_the_run_directory(tmp_path, head_options):
     from deepmetric.training import train
-    from deepmetric.workflows import evaluate_run
+    from deepmetric.workflows import evaluate_all_embeddings, evaluate_run
     from helpers import tiny_config
 
     head, options = head_options
@@ -277,3 +291,14 @@ def test_heads_train_resume_and_reload_through_the_run_directory(tmp_path, head_
     assert 0 <= record["metrics"]["recall@1"] <= 1
     log = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert ('"divergence"' in log) == (head == "abe")
+    rows = evaluate_all_embeddings(tmp_path / "run", progress=False)["embeddings"]
+    assert rows["embedding"] == record["metrics"]  # the same checkpoint, split and kNN engine
+    if head == "diablo":
+        assert list(rows) == ["embedding"]
+        return
+    prefix = {"abe": "abe.learner", "mheads": "mheads.head"}[head]  # ABE Tables 1-2: "Ind" = mean ± std
+    assert list(rows) == ["embedding", f"{prefix}1", f"{prefix}2", f"{prefix}1-2 mean", f"{prefix}1-2 std"]
+    for key, value in rows["embedding"].items():
+        one, two = rows[f"{prefix}1"][key], rows[f"{prefix}2"][key]
+        assert rows[f"{prefix}1-2 mean"][key] == pytest.approx((one + two) / 2)
+        assert rows[f"{prefix}1-2 std"][key] == pytest.approx(abs(one - two) / 2)

@@ -2,11 +2,12 @@
 root-learners, HORDE's per-order embeddings).
 
 ``embed_with_objective`` embeds a split with the model and every auxiliary embedding of the head
-(``Head.auxiliary_embeddings``) and of the objective (``Objective.auxiliary_embeddings``); ``concat_pca``
-builds the HORDE "†" representation (thesis §5.4.1): the concatenation of the model's and the objective's
-embeddings reduced by a PCA. Decisions the thesis leaves open: the l2-normalised per-order embeddings are
-concatenated; the PCA is fitted on the **training** split (the test classes stay unseen), centred, not
-whitened; the result is l2-normalised.
+(``Head.auxiliary_embeddings``) and of the objective (``Objective.auxiliary_embeddings``); ``learner_summary``
+gives the mean and deviation over a head's individual learners; ``concat_pca`` builds the HORDE "†"
+representation (thesis §5.4.1): the concatenation of the model's and the objective's embeddings reduced by a
+PCA. Decisions the thesis leaves open: the l2-normalised per-order embeddings are concatenated; the PCA is
+fitted on the **training** split (the test classes stay unseen), centred, not whitened; the result is
+l2-normalised.
 """
 
 from __future__ import annotations
@@ -36,6 +37,23 @@ def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, tab
                              progress, desc)
     finally:
         objective.train(was_training)
+
+
+def learner_summary(rows: dict[str, dict[str, float]], prefix: str | None) -> dict[str, dict[str, float]]:
+    """Each metric's mean and standard deviation over the rows ``<prefix>1`` … ``<prefix>M`` (ABE Tables 1-2's
+    "Ind" columns: mean ± std over the individual learners), as two rows; none for fewer than two learners.
+    The paper does not say which deviation; this is the population one (numpy's default, ddof 0)."""
+    if not prefix:
+        return {}
+    members = {name: metrics for name, metrics in rows.items()
+               if name.startswith(prefix) and name[len(prefix):].isdigit()}
+    if len(members) < 2:
+        return {}
+    first = next(iter(members.values()))
+    values = {key: np.array([metrics[key] for metrics in members.values()]) for key in first}
+    span = f"{prefix}1-{len(members)}"
+    return {f"{span} mean": {key: float(v.mean()) for key, v in values.items()},
+            f"{span} std": {key: float(v.std()) for key, v in values.items()}}
 
 
 def concat_pca(fit: dict[str, np.ndarray], apply: dict[str, np.ndarray], dim: int = 512) -> np.ndarray:

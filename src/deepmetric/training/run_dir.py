@@ -98,6 +98,12 @@ class RunDir:
 def model_from_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Embedder, dict[str, Any]]:
     """Rebuild the ``Embedder`` described by a checkpoint's spec and load its weights."""
     tensors, state = load_checkpoint(path)
+    return model_from_tensors(tensors, state, path, device), state
+
+
+def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], path: Path,
+                       device: str | torch.device = "cpu") -> Embedder:
+    """``model_from_checkpoint`` for a checkpoint already read (``path`` only names it in errors)."""
     spec = dict(state["model_spec"])
     options = spec.pop("head_options", {})
     model = create_model(pretrained=False, **spec, **options)
@@ -105,7 +111,7 @@ def model_from_checkpoint(path: Path, device: str | torch.device = "cpu") -> tup
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{path} does not fit the model it describes: missing {result.missing_keys[:5]}, "
                               f"unexpected {result.unexpected_keys[:5]}")
-    return model.to(device).eval(), state
+    return model.to(device).eval()
 
 
 def load_run_model(run_dir: str | Path, which: str = "auto",

@@ -33,6 +33,7 @@ class ABEHead(MultiBranchHead):
     metric_on = "parts"
     parts_reduction = "sum"
     part_name = "learner"
+    individual_learners = "abe.learner"
     default_regularizers = {"divergence": {"weight": 1.0, "margin": 1.0}}
 
     @classmethod
@@ -41,7 +42,7 @@ class ABEHead(MultiBranchHead):
 
     def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
         """Each learner alone (Tables 1-2's "individual learners")."""
-        return each_part(output, "abe.learner")
+        return each_part(output, self.individual_learners)
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, num_learners: int = 8,
@@ -63,6 +64,7 @@ class MHeadsHead(Head):
     pretrained_modules = ("tails",)
     metric_on = "parts"
     parts_reduction = "sum"
+    individual_learners = "mheads.head"
 
     @classmethod
     def default_split(cls, backbone_name: str, **options: Any) -> str | None:
@@ -83,7 +85,7 @@ class MHeadsHead(Head):
 
     def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
         """Each head alone (ABE Table 1's individual learners of the M-heads ensembles)."""
-        return each_part(output, "mheads.head")
+        return each_part(output, self.individual_learners)
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         parts = [F.normalize(embed(tail(features).mean(dim=(2, 3))), dim=1)

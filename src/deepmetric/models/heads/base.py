@@ -82,7 +82,9 @@ class Head(nn.Module):
 
     A head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O columns; ABE's
     individual learners, Tables 1-2) returns them from ``auxiliary_embeddings(output)``; ``deepmetric evaluate
-    --all-embeddings`` scores each.
+    --all-embeddings`` scores each. A head whose paper reports its learners one by one and then their mean ±
+    std (ABE's "Ind" columns) sets ``individual_learners`` to the prefix of those rows (``each_part`` names them
+    ``<prefix>1`` … ``<prefix>M``), and ``--all-embeddings`` adds the two summary rows.
 
     A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
     implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
@@ -99,6 +101,7 @@ class Head(nn.Module):
     normalized: bool = True
     init_images: int = 0
     part_name: str = "map"
+    individual_learners: str | None = None
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
