@@ -298,7 +298,7 @@ def test_heads_train_resume_and_reload_through_the_run_directory(tmp_path, head_
         return
     prefix = {"abe": "abe.learner", "mheads": "mheads.head"}[head]  # ABE Tables 1-2: "Ind" = mean ± std
     assert list(rows) == ["embedding", f"{prefix}1", f"{prefix}2", f"{prefix}1-2 mean", f"{prefix}1-2 std"]
-    for key, value in rows["embedding"].items():
+    for key in rows["embedding"]:
         one, two = rows[f"{prefix}1"][key], rows[f"{prefix}2"][key]
         assert rows[f"{prefix}1-2 mean"][key] == pytest.approx((one + two) / 2)
         assert rows[f"{prefix}1-2 std"][key] == pytest.approx(abs(one - two) / 2)

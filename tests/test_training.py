@@ -86,6 +86,20 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
         train(tiny_config(train={"steps": 1}), tmp_path / "run", progress=False)
 
 
+@pytest.mark.parametrize(("sections", "message"), [
+    ({"data": {"spec": "folder:/nonexistent/photos"}}, "/nonexistent/photos"),
+    ({"model": {"head": "abe", "head_options": {"num_learner": 2}}}, "num_learners"),
+])
+def test_a_run_that_fails_its_set_up_leaves_no_directory(tmp_path, sections, message):
+    """Bad data or a bad head option stops the run before anything is written: no empty run directory is left
+    to block the corrected command (``already holds a run``) or to litter ``runs/``."""
+    from deepmetric.errors import DeepMetricError
+
+    with pytest.raises(DeepMetricError, match=message):
+        train(tiny_config(train={"steps": 1}, **sections), tmp_path / "runs" / "new", progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_baseline_is_recorded_before_training(tmp_path):
     train(tiny_config(eval={"baseline": True}, train={"steps": 1}), tmp_path / "run", progress=False)
     baseline = json.loads(RunDir(tmp_path / "run").baseline.read_text())

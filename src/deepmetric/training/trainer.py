@@ -184,9 +184,7 @@ def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext) -> None:
         raise DeepMetricError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
     if resume and not run.last.is_file():
         raise DeepMetricError(f"cannot resume: {run.last} does not exist")
-    context.barrier()  # every rank has looked before rank 0 writes
-    if context.is_main:
-        run.path.mkdir(parents=True, exist_ok=True)
+    context.barrier()  # every rank has looked before rank 0 writes (the directory appears with its first file)
 
 
 def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None:
@@ -213,9 +211,6 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     progress = progress and context.is_main
 
     table, bad_items = load_table(config, progress)
-    if bad_items and context.is_main:
-        atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
-        log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
     train_part = table.split("train")
     has_val = table.count("val") > 0
     classes = np.unique(train_part.labels)
@@ -241,7 +236,10 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         if context.is_main:
             run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
             log.info("resuming %s from step %d", run.path, start_step)
-    if context.is_main:
+    if context.is_main:  # the first writes, after every check of the data and the config passed
+        if bad_items:
+            atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
+            log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
         save_config(config, run.config_path)
         if config.eval.baseline and not run.baseline.is_file():
             log.info("evaluating the untrained backbone on the test split")
