@@ -54,10 +54,25 @@ def test_bad_values_name_the_key():
     assert build_config(parse_override("eval.engine=numpy")).eval.engine == "numpy"
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    ({"model": {"backbone": "lite00"}}, r"unknown backbone 'lite00' \(did you mean 'lite0'\?\)"),
+    ({"model": {"head": "abee"}}, r"unknown head 'abee' \(did you mean 'abe'\?\)"),
+    ({"model": {"head": "abe", "head_options": {"num_learner": 4}}}, r"no option 'num_learner'.*'num_learners'"),
+    ({"loss": {"name": "binomal"}}, r"unknown loss 'binomal' \(did you mean 'binomial'\?\)"),
+    ({"loss": {"options": {"negative_weigth": 25}}}, r"loss 'binomial' has no option.*'negative_weight'"),
+    ({"loss": {"regularizers": {"hord": {}}}}, r"unknown regularizer 'hord' \(did you mean 'horde'\?\)"),
+    ({"loss": {"regularizers": {"horde": {"weight": 1, "order": 3}}}}, r"regularizer 'horde' has no option 'order'"),
+])
+def test_names_and_options_of_the_model_and_loss_are_checked_with_the_config(values, message):
+    """A typo stops ``build_config``, before any data is read (the image audit of a large set takes minutes)."""
+    with pytest.raises(ConfigError, match=message):
+        build_config(values)
+
+
 def test_resolved_config_round_trips(tmp_path):
     from deepmetric.config import config_from_dict, save_config
 
-    config = build_config({"model": {"head_options": {"a": 1}}, "loss": {"name": "triplet"}})
+    config = build_config({"model": {"head": "abe", "head_options": {"num_learners": 4}}, "loss": {"name": "triplet"}})
     save_config(config, tmp_path / "config.yaml")
     again = config_from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text()))
     assert again == config

@@ -392,12 +392,27 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{config.eval.engine}'")
     if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
         raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
+    _check_names(config)
     if config.generator.name is not None:
         from .generators import check_generator_options
 
         check_generator_options(config.generator.name, config.generator.options)
     elif config.generator.options:
         raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
+
+
+def _check_names(config: RunConfig) -> None:
+    """The backbone, head, loss and regularisers exist and take the options given, checked before anything is
+    built or read (a typo should not wait for an image audit of the whole data set)."""
+    from .losses import check_loss_options, check_regularizer_options
+    from .models.backbones import check_backbone_name
+    from .models.heads import check_head_options
+
+    check_backbone_name(config.model.backbone)
+    check_head_options(config.model.head, config.model.head_options)
+    check_loss_options(config.loss.name, config.loss.options)
+    for name, options in (config.loss.regularizers or {}).items():
+        check_regularizer_options(name, options)
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

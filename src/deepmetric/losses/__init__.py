@@ -31,7 +31,7 @@ from .horde import HordeRegularizer
 from .margin import MarginLoss
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
-from .regularizers import REGULARIZERS, build_regularizer, register_regularizer
+from .regularizers import REGULARIZERS, build_regularizer, check_regularizer_options, register_regularizer
 from .triplet import TripletLoss
 
 register_regularizer("horde", HordeRegularizer)
@@ -56,21 +56,27 @@ __all__ = [
     "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss", "ContrastiveLoss",
     "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss", "HordeRegularizer", "LearnerRowNorm",
     "MarginLoss", "MultiSimilarityLoss", "Objective", "TripletLoss", "build_loss", "build_objective",
-    "build_regularizer", "register_regularizer",
+    "build_regularizer", "check_loss_options", "check_regularizer_options", "register_regularizer",
 ]
+
+
+def check_loss_options(name: str, options: dict[str, Any] | None) -> type[nn.Module]:
+    """The class of metric loss ``name``; an unknown name or option is named with the valid ones."""
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss '{name}'{did_you_mean(name, LOSSES)}; expected one of {', '.join(LOSSES)}")
+    cls = LOSSES[name]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_classes")]
+    for key in options or {}:
+        if key not in accepted:
+            raise ConfigError(f"loss '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options are: "
+                              f"{', '.join(accepted)}")
+    return cls
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
     """Build metric loss ``name``; ``num_classes`` reaches the losses that keep per-class parameters."""
-    if name not in LOSSES:
-        raise ConfigError(f"unknown loss '{name}'{did_you_mean(name, LOSSES)}; expected one of {', '.join(LOSSES)}")
-    cls = LOSSES[name]
+    cls = check_loss_options(name, options)
     options = dict(options or {})
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_classes")]
-    for key in options:
-        if key not in accepted:
-            raise ConfigError(f"loss '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options are: "
-                              f"{', '.join(accepted)}")
     if "num_classes" in inspect.signature(cls.__init__).parameters:
         options["num_classes"] = num_classes
     try:

@@ -25,22 +25,31 @@ def register_regularizer(name: str, cls: type[nn.Module]) -> type[nn.Module]:
     return cls
 
 
+PROVIDED = ("head", "num_classes", "metric_loss")  # what the objective passes a regulariser, not options
+
+
+def check_regularizer_options(name: str, options: dict[str, Any] | None) -> type[nn.Module]:
+    """The class of regulariser ``name``; an unknown name or option is named with the valid ones."""
+    if name not in REGULARIZERS:
+        known = ", ".join(REGULARIZERS) or "none registered"
+        raise ConfigError(f"unknown regularizer '{name}'{did_you_mean(name, REGULARIZERS)}; known: {known}")
+    cls = REGULARIZERS[name]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", *PROVIDED)]
+    for key in options or {}:
+        if key != "weight" and key not in accepted:
+            raise ConfigError(f"regularizer '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its "
+                              f"options are: weight, {', '.join(accepted) or '(none)'}")
+    return cls
+
+
 def build_regularizer(name: str, options: dict[str, Any], head: nn.Module | None = None,
                       num_classes: int | None = None,
                       metric_loss: Callable[[], nn.Module] | None = None) -> tuple[nn.Module, float]:
     """``(module, weight)`` for ``loss.regularizers.<name>``; unknown names and options are named."""
-    if name not in REGULARIZERS:
-        known = ", ".join(REGULARIZERS) or "none registered"
-        raise ConfigError(f"unknown regularizer '{name}'{did_you_mean(name, REGULARIZERS)}; known: {known}")
+    cls = check_regularizer_options(name, options)
     options = dict(options or {})
     weight = float(options.pop("weight", 1.0))
-    cls = REGULARIZERS[name]
     parameters = inspect.signature(cls.__init__).parameters
     provided = {"head": head, "num_classes": num_classes, "metric_loss": metric_loss}
-    accepted = [p for p in parameters if p not in ("self", *provided)]
-    for key in options:
-        if key not in accepted:
-            raise ConfigError(f"regularizer '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its "
-                              f"options are: weight, {', '.join(accepted) or '(none)'}")
     options.update({k: v for k, v in provided.items() if k in parameters})
     return cls(**options), weight

@@ -282,16 +282,21 @@ def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backb
                               f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
 
 
+def check_backbone_name(name: str) -> None:
+    """A backbone we build, or ``timm:<name>`` (config validation; timm's own names are checked when built)."""
+    if not name.startswith("timm:") and name not in BUILDERS:
+        raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
+                          f"{', '.join(backbone_names())}")
+
+
 def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
                     freeze_bn: bool = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
     """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage)."""
+    check_backbone_name(name)
     if name.startswith("timm:"):
         model, stages, mean, std, bgr = _timm(name[len("timm:"):], pretrained)
-    elif name in BUILDERS:
-        model, stages, mean, std, bgr = BUILDERS[name](pretrained)
     else:
-        raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
-                          f"{', '.join(backbone_names())}")
+        model, stages, mean, std, bgr = BUILDERS[name](pretrained)
     if weights:
         _load_weights(model, weights, trust_pickle, name)
     if freeze_bn:

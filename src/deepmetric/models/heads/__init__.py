@@ -16,7 +16,7 @@ from .grouping_baselines import CGroupingHead, GGroupingHead, MGroupingHead, NGr
 from .jcf import JCFHead
 from .second_order import SecondOrderHead
 
-__all__ = ["HEADS", "Head", "HeadOutput", "build_head", "head_class"]
+__all__ = ["HEADS", "Head", "HeadOutput", "build_head", "check_head_options", "head_class"]
 
 HEADS: dict[str, type[Head]] = {
     "gap": GAPHead,
@@ -40,13 +40,17 @@ def head_class(name: str) -> type[Head]:
     return HEADS[name]
 
 
-def build_head(name: str, backbone: Backbone, embedding_dim: int, options: dict[str, Any] | None = None) -> Head:
-    """Build head ``name`` on ``backbone``; an unknown option is named with the head's valid ones."""
+def check_head_options(name: str, options: dict[str, Any] | None) -> type[Head]:
+    """The class of head ``name``; an unknown name or option is named with the valid ones (config validation)."""
     cls = head_class(name)
-    options = dict(options or {})
     accepted = cls.option_names()
-    for key in options:
+    for key in options or {}:
         if key not in accepted:
             raise ConfigError(f"head '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options "
                               f"are: {', '.join(accepted) or 'none'}")
-    return cls.from_backbone(backbone, embedding_dim, **options)
+    return cls
+
+
+def build_head(name: str, backbone: Backbone, embedding_dim: int, options: dict[str, Any] | None = None) -> Head:
+    """Build head ``name`` on ``backbone``; an unknown option is named with the head's valid ones."""
+    return check_head_options(name, options).from_backbone(backbone, embedding_dim, **dict(options or {}))
