@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load as load_safetensors
+from safetensors.numpy import load_file as load_safetensors_file
 from safetensors.numpy import save as save_safetensors
 
 from ..errors import IndexStoreError
@@ -123,7 +123,7 @@ def read_embeddings(index_dir: str | Path, manifest: IndexManifest) -> np.ndarra
     """The (N, D) float32 embeddings of ``manifest``'s generation."""
     path = Path(index_dir) / manifest.embeddings_file
     try:
-        x = load_safetensors(path.read_bytes())["embeddings"]
+        x = load_safetensors_file(path)["embeddings"]
     except FileNotFoundError:
         raise IndexStoreError(f"{path} is missing (the index folder is incomplete)") from None
     except (SafetensorError, KeyError) as error:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
@@ -110,19 +110,15 @@ def _state(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a checkpoint written by ``save_checkpoint``; refuses pickles and foreign files by name."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    data = path.read_bytes()
-    _refuse_pickle(path, data)
+    """Read a checkpoint written by ``save_checkpoint``; refuses pickles and foreign files by name (from the
+    header, before any tensor is read). The tensors are read from the file into their own memory, without a
+    copy of the whole file in between."""
+    state = checkpoint_state(path)
     try:
-        tensors = load_safetensors(data)
-        header_length = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8:8 + header_length]).get("__metadata__", {}) or {}
-    except (SafetensorError, ValueError, json.JSONDecodeError) as error:
+        tensors = load_safetensors_file(path)
+    except (SafetensorError, ValueError, OSError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
-    return tensors, _state(path, metadata)
+    return tensors, state
 
 
 def checkpoint_state(path: Path) -> dict[str, Any]:
