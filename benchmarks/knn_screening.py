@@ -25,13 +25,11 @@ Prints a table and writes benchmarks/results/knn_screening.json (or ``--out``).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import deepmetric  # noqa: F401  (sets OPENBLAS_THREAD_TIMEOUT before numpy loads OpenBLAS)
 import torch
-from _results import environment, write_result
+from _results import environment, per_row_ms, write_result
 from eval_speed import clustered_set
 
 from deepmetric.evaluation.knn import block_rows_for, similarities, topk_stable
@@ -42,16 +40,6 @@ U = 2.0**-9  # bfloat16 unit round-off
 def screening_bound(dim: int) -> float:
     """ε: the most a bfloat16 product of unit vectors can differ from their float32 product (module docstring)."""
     return 3 * U + U * U + 2 * dim * 2.0**-24
-
-
-def per_row_ms(fn, rows: int, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times) / rows
 
 
 def rescore(query: torch.Tensor, gallery: torch.Tensor, candidates: list[torch.Tensor], chunk: int = 16) -> None:

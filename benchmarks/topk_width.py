@@ -18,25 +18,13 @@ Prints a table and writes benchmarks/results/topk_width.json.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import deepmetric  # noqa: F401  (sets OPENBLAS_THREAD_TIMEOUT before numpy loads OpenBLAS)
 import torch
-from _results import environment, write_result
+from _results import environment, per_row_ms, write_result
 
 from deepmetric.evaluation.knn import block_rows_for, similarities, topk_stable
-
-
-def per_row_ms(fn, rows: int, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times) / rows
 
 
 def main() -> None:
