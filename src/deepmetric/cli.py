@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-embeddings", action="store_true",
                    help="also evaluate the embeddings the objective computes (HORDE: one per order) and their "
                    "concatenation reduced by a PCA fitted on the training split, and those the head computes "
-                   "(DeML: each scale alone; ABE, M-heads: each learner alone); writes "
+                   "(DeML: each scale alone; ABE, M-heads: each learner alone, then their mean and std); writes "
                    "RUN_DIR/metrics-all-embeddings.json")
     p.add_argument("--pca-dim", type=int, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")

@@ -60,9 +60,10 @@ def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, s
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,
                             progress: bool = True) -> dict[str, Any]:
     """Test metrics of the model's embedding, of each auxiliary embedding its head computes (DeML's per-scale
-    root-learners, Table 2's O columns) or its objective computes (HORDE's per-order embeddings, thesis Tables
-    5.3-5.5) and, with the objective's, of the concatenation of those and the model's reduced by a PCA fitted on
-    the training split (HORDE's †); writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
+    root-learners, Table 2's O columns; ABE's individual learners, then their mean and std, Tables 1-2's "Ind")
+    or its objective computes (HORDE's per-order embeddings, thesis Tables 5.3-5.5) and, with the objective's,
+    of the concatenation of those and the model's reduced by a PCA fitted on the training split (HORDE's †);
+    writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
     from .evaluation.auxiliary import concat_pca, embed_with_objective, learner_summary
     from .losses import build_objective
 
