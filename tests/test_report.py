@@ -51,6 +51,21 @@ def test_report_command_and_opt_out(tmp_path, capsys):
     _embedded_pngs((out / "report.html").read_text())
 
 
+def test_the_report_shows_every_embedding_once_evaluated(tmp_path, capsys):
+    """After ``evaluate --all-embeddings`` the report adds its table (ABE: each learner, their mean and std)."""
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--head", "abe", "--out", str(out), "eval.report=false",
+                 "model.head_options.num_learners=2"]) == 0
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert "Every embedding" not in (out / "report.html").read_text()
+    assert main(["evaluate", str(out), "--all-embeddings", "--quiet"]) == 0
+    assert main(["report", str(out), "--quiet"]) == 0
+    page = (out / "report.html").read_text()
+    assert "Every embedding" in page
+    assert all(f"<td>{row}</td>" in page for row in ("abe.learner1", "abe.learner2", "abe.learner1-2 mean",
+                                                      "abe.learner1-2 std"))
+
+
 def test_report_of_a_missing_run_is_one_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "error:" in capsys.readouterr().err

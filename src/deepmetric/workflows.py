@@ -94,7 +94,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim),
             test_part, recall_at, config.eval.nmi, engine)
     record = _test_record(config, table, checkpoint, state, embeddings=rows)
-    atomic_write_text(run.path / "metrics-all-embeddings.json", json.dumps(record, indent=2))
+    atomic_write_text(run.all_embeddings_metrics, json.dumps(record, indent=2))
     return record
 
 

@@ -1,4 +1,5 @@
-"""``RUN/report.html``: curves, Recall@K, a retrieval grid, attention overlays, an embedding map and the config.
+"""``RUN/report.html``: curves, Recall@K, a retrieval grid, attention overlays, an embedding map and the config
+(and, once ``deepmetric evaluate --all-embeddings`` has run, its table of every embedding).
 
 Self-contained: every figure is a PNG embedded as a base64 data URI, so the file can be mailed or opened
 anywhere. The test split is embedded once with the run's evaluated checkpoint (``best`` when the run had
@@ -105,6 +106,12 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     ]
     if results:
         sections.append(_img(figures.recall_curve(results), "Recall@K curve"))
+    if run.all_embeddings_metrics.is_file():
+        every = json.loads(run.all_embeddings_metrics.read_text())
+        sections.append(f"<h2>Every embedding (%)</h2><p class='note'>From <code>deepmetric evaluate RUN "
+                        f"--all-embeddings</code>: checkpoint {html.escape(str(every['checkpoint']))}, step "
+                        f"{every['step']}, evaluated {html.escape(str(every['evaluated_at']))}.</p>"
+                        + _metrics_table(every["embeddings"]))
     if log:
         sections.append("<h2>Training</h2>" + _img(figures.training_curves(log), "training curves"))
     sections.append("<h2>Retrieval</h2><p class='note'>Random test queries (black) and their 8 nearest test "

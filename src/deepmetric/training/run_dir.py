@@ -60,6 +60,11 @@ class RunDir:
     def test_metrics(self) -> Path:
         return self.path / "metrics.json"
 
+    @property
+    def all_embeddings_metrics(self) -> Path:
+        """``deepmetric evaluate --all-embeddings``'s record."""
+        return self.path / "metrics-all-embeddings.json"
+
     def exists(self) -> bool:
         return self.config_path.is_file()
 
