@@ -55,6 +55,29 @@ def test_two_run_study_aggregates_mean_and_std_and_resumes(tmp_path):
     assert (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime == stamp
 
 
+def test_all_embeddings_adds_every_embedding_per_variant_without_retraining(tmp_path):
+    """ABE Tables 1-2 over repeats: each learner, their mean and std per run, then mean ± std over the seeds."""
+    abe = {"abe": {"model.head": "abe", "model.head_options": {"num_learners": 2}}}
+    spec = load_study(write_study(tmp_path, variants=abe, seeds=[0, 1]))
+    assert "embeddings_md" not in run_study(spec, progress=False)
+    stamp = (tmp_path / "out/runs/abe/0/metrics.json").stat().st_mtime
+    spec = load_study(write_study(tmp_path, variants=abe, seeds=[0, 1], all_embeddings=True))
+    paths = run_study(spec, progress=False)  # the trained runs are only evaluated again, not retrained
+    assert (tmp_path / "out/runs/abe/0/metrics.json").stat().st_mtime == stamp
+    rows = list(csv.DictReader(paths["embeddings_csv"].open()))
+    names = ["embedding", "abe.learner1", "abe.learner2", "abe.learner1-2 mean", "abe.learner1-2 std"]
+    assert [(r["variant"], r["repeat"]) for r in rows] == [(f"abe / {n}", s) for s in "01" for n in names]
+    spreads = np.array([float(r["recall@1"]) for r in rows if r["variant"] == "abe / abe.learner1-2 std"])
+    table = paths["embeddings_md"].read_text()
+    assert f"| abe / abe.learner1-2 std | 2 | {100 * spreads.mean():.2f} ± {100 * spreads.std(ddof=1):.2f} |" in table
+    assert "**" not in table  # no "best" marks in a table that mixes metrics and deviations
+    first = list(csv.DictReader(paths["csv"].open()))
+    assert [float(r["recall@1"]) for r in first] == [float(r["recall@1"]) for r in rows if r["variant"] ==
+                                                     "abe / embedding"]
+    with pytest.raises(ConfigError, match="'all_embeddings' must be true or false"):
+        load_study(write_study(tmp_path, all_embeddings="yes"))
+
+
 def test_a_failing_run_is_reported_and_the_others_still_run(tmp_path):
     spec = load_study(write_study(tmp_path, variants={"gap": {}, "no-train-classes": {"data.val_fraction": 0.99}}))
     with pytest.raises(DeepMetricError, match=r"1 of 2 runs failed.*no-train-classes/0 \(.*val_fraction"):

@@ -173,6 +173,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     paths = run_study(spec, progress=not args.quiet)
     print(paths["md"].read_text())
     print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
+    if "embeddings_md" in paths:
+        print(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """Collect a study's test metrics into ``results.csv`` (one row per run), ``results.md`` (mean ± std per
 variant, the best mean of each column in bold among the variants on the same data set) and ``results.png``
-(Recall@1 and MAP@R with std bars).
+(Recall@1 and MAP@R with std bars). With ``all_embeddings``, ``results-all-embeddings.{csv,md}`` do the same for
+every embedding ``evaluate --all-embeddings`` scored, one row per variant and embedding (``abe-8 /
+abe.learner1-8 std`` is the learners' deviation in each run, averaged over the repeats).
 
 The std is the sample standard deviation (ddof = 1) over the repeats (seeds or splits); with one repeat
 it is 0.
@@ -37,6 +39,21 @@ def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
     return rows
 
 
+def aggregate_all_embeddings(spec: StudySpec) -> list[dict[str, Any]]:
+    """One row per finished run and embedding of ``metrics-all-embeddings.json``; the variant is
+    ``<variant> / <embedding>``."""
+    from .runner import run_dir_of
+
+    rows = []
+    for run in spec.runs():
+        metrics_file = run_dir_of(spec, run) / "metrics-all-embeddings.json"
+        if metrics_file.is_file():
+            record = json.loads(metrics_file.read_text())
+            rows += [{"variant": f"{run.variant} / {name}", "repeat": run.repeat, "data": record.get("data", ""),
+                      **metrics} for name, metrics in record["embeddings"].items()]
+    return rows
+
+
 KEYS = ("variant", "repeat", "data")
 
 
@@ -57,7 +74,9 @@ def data_of(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {r["variant"]: str(r.get("data", "")) for r in rows}
 
 
-def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
+def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold: bool = True) -> str:
+    """The table of means ± std per variant; ``bold`` marks each column's best mean (not for tables whose rows
+    mix kinds, such as a deviation row beside the metrics)."""
     metrics, summary = summarise(rows)
     data = data_of(rows)
     best: dict[tuple[str, str], float] = {}  # (data set, metric) -> best mean
@@ -67,9 +86,10 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
     several = len(set(data.values())) > 1
     protocol = (f"{len(spec.repeats)} class-disjoint train/val splits ({spec.split_fraction:.0%} of the training "
                 "classes validate)" if spec.protocol == "splits" else f"seeds {spec.repeats}")
-    lines = [f"# Study {spec.name}", "",
-             f"Test metrics in %, mean ± std over {protocol}; best mean of each column in bold"
-             + (" among the variants on the same data set" if several else "")
+    lines = [f"# Study {spec.name}{title}", "",
+             f"Test metrics in %, mean ± std over {protocol}"
+             + ("; best mean of each column in bold" if bold else "")
+             + (" among the variants on the same data set" if several and bold else "")
              + f". Written {time.strftime('%Y-%m-%d %H:%M')}.", "",
              "| variant | " + ("data | " if several else "") + "runs | "
              + " | ".join(metric_label(m) for m in metrics) + " |",
@@ -82,7 +102,7 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
                 continue
             mean, std, _ = stats[m]
             cell = f"{100 * mean:.2f} ± {100 * std:.2f}"
-            cells.append(f"**{cell}**" if mean == best[(data[variant], m)] else cell)
+            cells.append(f"**{cell}**" if bold and mean == best[(data[variant], m)] else cell)
         count = max(s[2] for s in stats.values())
         lines.append(f"| {variant} | " + (f"{data[variant]} | " if several else "") + f"{count} | "
                      + " | ".join(cells) + " |")
@@ -115,16 +135,28 @@ def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     return figure_png(figure)
 
 
-def write_results(spec: StudySpec, rows: list[dict[str, Any]]) -> dict[str, Path]:
-    if not rows:
-        raise DeepMetricError(f"study {spec.name}: no finished run to aggregate under {spec.out}")
-    spec.out.mkdir(parents=True, exist_ok=True)
+def _csv(rows: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_results(spec: StudySpec, rows: list[dict[str, Any]],
+                  embedding_rows: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """The study's results files; with ``embedding_rows`` (``aggregate_all_embeddings``) also those of every
+    embedding."""
+    if not rows:
+        raise DeepMetricError(f"study {spec.name}: no finished run to aggregate under {spec.out}")
+    spec.out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": spec.out / "results.csv", "md": spec.out / "results.md", "png": spec.out / "results.png"}
-    atomic_write_text(paths["csv"], buffer.getvalue())
+    atomic_write_text(paths["csv"], _csv(rows))
     atomic_write_text(paths["md"], markdown(spec, rows))
     atomic_write_bytes(paths["png"], chart(rows, f"study {spec.name}"))
+    if embedding_rows:
+        paths["embeddings_csv"] = spec.out / "results-all-embeddings.csv"
+        paths["embeddings_md"] = spec.out / "results-all-embeddings.md"
+        atomic_write_text(paths["embeddings_csv"], _csv(embedding_rows))
+        atomic_write_text(paths["embeddings_md"], markdown(spec, embedding_rows, ": every embedding", bold=False))
     return paths

@@ -1,5 +1,6 @@
 """Run every run of a study that has not finished, then aggregate. Interrupted studies pick up where they
-stopped: a run with ``metrics.json`` is done, a run with a ``last`` checkpoint resumes from it. A run that
+stopped: a run with ``metrics.json`` is done (and, with ``all_embeddings``, ``metrics-all-embeddings.json``),
+a run with a ``last`` checkpoint resumes from it. A run that
 fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
 still run and are aggregated, and the study then ends with an error naming every failed run. A signal that
 interrupts training (after its checkpoint) stops the whole study."""
@@ -14,8 +15,8 @@ from ..config import build_config
 from ..errors import DeepMetricError, TrainingInterrupted
 from ..training import train
 from ..training.run_dir import RunDir
-from ..workflows import evaluate_run
-from .aggregate import aggregate, write_results
+from ..workflows import evaluate_all_embeddings, evaluate_run
+from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .spec import StudyRun, StudySpec
 
 log = logging.getLogger("deepmetric")
@@ -32,22 +33,27 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
     for number, run in enumerate(runs, start=1):
         directory = run_dir_of(spec, run)
         folder = RunDir(directory)
-        if folder.test_metrics.is_file():
+        trained = folder.test_metrics.is_file()
+        if trained and (not spec.all_embeddings or folder.all_embeddings_metrics.is_file()):
             log.info("[%d/%d] %s: done already", number, len(runs), run.name)
             continue
-        resume = folder.last.is_file()
-        if folder.exists() and not resume:  # stopped before its first checkpoint: start it again
-            shutil.rmtree(directory)
-        log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
         try:
-            train(build_config(*run.layers), directory, resume=resume, progress=progress)
-            evaluate_run(directory, progress=progress)
+            if not trained:
+                resume = folder.last.is_file()
+                if folder.exists() and not resume:  # stopped before its first checkpoint: start it again
+                    shutil.rmtree(directory)
+                log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
+                train(build_config(*run.layers), directory, resume=resume, progress=progress)
+                evaluate_run(directory, progress=progress)
+            if spec.all_embeddings:
+                log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
+                evaluate_all_embeddings(directory, progress=progress)
         except TrainingInterrupted:
             raise  # a signal stops the whole study (the run resumes next time), it is not a failed run
         except DeepMetricError as error:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
             failed.append(f"{run.name} ({error})")
-    paths = write_results(spec, aggregate(spec))
+    paths = write_results(spec, aggregate(spec), aggregate_all_embeddings(spec) if spec.all_embeddings else None)
     if failed:
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed (the others are in "
                               f"{paths['md']}): " + "; ".join(failed))

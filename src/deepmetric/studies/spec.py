@@ -13,6 +13,8 @@ grid:                             # ... and/or a grid whose product makes more v
 seeds: [0, 1, 2]                  # repeat every variant with train.seed = s
 splits: 10                        # or the DIABLO protocol (§4.2): s = 0..9 class-disjoint train/val partitions
 split_fraction: 0.5               #   of the training classes (half validate), model selection on validation
+all_embeddings: true              # also `evaluate --all-embeddings` every run (ABE's learners and their mean ±
+                                  #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
 ```
 
 A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid.
@@ -31,7 +33,7 @@ import yaml
 from ..config import build_config, load_yaml, merge_layers
 from ..errors import ConfigError, did_you_mean
 
-KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction")
+KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction", "all_embeddings")
 
 
 @dataclass
@@ -57,6 +59,7 @@ class StudySpec:
     repeats: list[int] = field(default_factory=lambda: [0])
     protocol: str = "seeds"
     split_fraction: float = 0.5
+    all_embeddings: bool = False
 
     def runs(self) -> list[StudyRun]:
         """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
@@ -122,9 +125,13 @@ def load_study(path: str | Path) -> StudySpec:
         raise ConfigError(f"study file {path}: give 'seeds' or 'splits', not both")
     protocol = "splits" if "splits" in data else "seeds"
     repeats = list(range(int(data["splits"]))) if protocol == "splits" else [int(s) for s in data.get("seeds", [0])]
+    all_embeddings = data.get("all_embeddings", False)
+    if not isinstance(all_embeddings, bool):
+        raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
-                     protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)))
+                     protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
+                     all_embeddings=all_embeddings)
     for run in spec.runs():  # every run's config must be valid before anything starts
         try:
             build_config(*run.layers)
