@@ -42,11 +42,12 @@ def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
 def aggregate_all_embeddings(spec: StudySpec) -> list[dict[str, Any]]:
     """One row per finished run and embedding of ``metrics-all-embeddings.json``; the variant is
     ``<variant> / <embedding>``."""
+    from ..training.run_dir import RunDir
     from .runner import run_dir_of
 
     rows = []
     for run in spec.runs():
-        metrics_file = run_dir_of(spec, run) / "metrics-all-embeddings.json"
+        metrics_file = RunDir(run_dir_of(spec, run)).all_embeddings_metrics
         if metrics_file.is_file():
             record = json.loads(metrics_file.read_text())
             rows += [{"variant": f"{run.variant} / {name}", "repeat": run.repeat, "data": record.get("data", ""),
