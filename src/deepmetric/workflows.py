@@ -16,8 +16,8 @@ from .data.table import RetrievalDataset
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, split_metrics
 from .evaluation.table import format_table
-from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, load_checkpoint, unprefixed
-from .training.run_dir import RunDir, load_run_model, model_from_tensors
+from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, unprefixed
+from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
 
 
@@ -70,9 +70,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     run = RunDir(run_dir)
     config = run.config()
     device = resolve_device(config.train.device)
-    checkpoint = run.checkpoint(which)
-    tensors, state = load_checkpoint(checkpoint)  # read once: the model's and the objective's tensors
-    model = model_from_tensors(tensors, state, checkpoint, device).set_channels_last(config.train.channels_last)
+    model, _, checkpoint, tensors, state = load_run_checkpoint(run.path, which, device)  # the objective's too
     table, _ = load_table(config, progress)
     objective = build_objective(config.loss, model.head, len(table.classes("train"))).to(device)
     objective_state = unprefixed("objective", tensors)
@@ -84,15 +82,17 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     test_part = table.split("test")
     recall_at = config.eval.recall_at or table.recall_at
     test = embed_with_objective(model, objective, test_part, *options, desc="embedding test")
-    engine = config.eval.engine
-    rows = {name: split_metrics(values, test_part, recall_at, config.eval.nmi, engine) for name, values in test.items()}
+
+    def score(embeddings: np.ndarray) -> dict[str, float]:
+        return split_metrics(embeddings, test_part, recall_at, config.eval.nmi, config.eval.engine)
+
+    rows = {name: score(values) for name, values in test.items()}
     rows.update(learner_summary(rows, model.head.individual_learners))
     concatenated = ["embedding"] + [k for k in test if k.partition(".")[0] in objective.regularizers]
     if len(concatenated) > 1:
         train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
-        rows[f"concatenation, PCA {pca_dim} (fit on train)"] = split_metrics(
-            concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim),
-            test_part, recall_at, config.eval.nmi, engine)
+        rows[f"concatenation, PCA {pca_dim} (fit on train)"] = score(
+            concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim))
     record = _test_record(config, table, checkpoint, state, embeddings=rows)
     atomic_write_text(run.all_embeddings_metrics, json.dumps(record, indent=2))
     return record

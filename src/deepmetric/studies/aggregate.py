@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +23,32 @@ import numpy as np
 from ..errors import DeepMetricError
 from ..evaluation.table import metric_label
 from ..training.checkpoint import atomic_write_bytes, atomic_write_text
-from .spec import StudySpec
+from ..training.run_dir import RunDir
+from .spec import StudyRun, StudySpec
+
+
+def _records(spec: StudySpec, file_of: Callable[[RunDir], Path]) -> Iterator[tuple[StudyRun, dict[str, Any]]]:
+    """Each run whose evaluation file ``file_of(run directory)`` exists, with that file's record."""
+    from .runner import run_dir_of
+
+    for run in spec.runs():
+        path = file_of(RunDir(run_dir_of(spec, run)))
+        if path.is_file():
+            yield run, json.loads(path.read_text())
 
 
 def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
     """One row per finished run: variant, repeat, data set, then its test metrics."""
-    from .runner import run_dir_of
-
-    rows = []
-    for run in spec.runs():
-        metrics_file = run_dir_of(spec, run) / "metrics.json"
-        if metrics_file.is_file():
-            record = json.loads(metrics_file.read_text())
-            rows.append({"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""),
-                         **record["metrics"]})
-    return rows
+    return [{"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""), **record["metrics"]}
+            for run, record in _records(spec, lambda folder: folder.test_metrics)]
 
 
 def aggregate_all_embeddings(spec: StudySpec) -> list[dict[str, Any]]:
     """One row per finished run and embedding of ``metrics-all-embeddings.json``; the variant is
     ``<variant> / <embedding>``."""
-    from ..training.run_dir import RunDir
-    from .runner import run_dir_of
-
-    rows = []
-    for run in spec.runs():
-        metrics_file = RunDir(run_dir_of(spec, run)).all_embeddings_metrics
-        if metrics_file.is_file():
-            record = json.loads(metrics_file.read_text())
-            rows += [{"variant": f"{run.variant} / {name}", "repeat": run.repeat, "data": record.get("data", ""),
-                      **metrics} for name, metrics in record["embeddings"].items()]
-    return rows
+    return [{"variant": f"{run.variant} / {name}", "repeat": run.repeat, "data": record.get("data", ""), **metrics}
+            for run, record in _records(spec, lambda folder: folder.all_embeddings_metrics)
+            for name, metrics in record["embeddings"].items()]
 
 
 KEYS = ("variant", "repeat", "data")

@@ -119,10 +119,19 @@ def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], 
     return model.to(device).eval()
 
 
-def load_run_model(run_dir: str | Path, which: str = "auto",
-                   device: str | torch.device = "cpu") -> tuple[Embedder, RunConfig, Path]:
+def load_run_checkpoint(run_dir: str | Path, which: str = "auto", device: str | torch.device = "cpu"
+                        ) -> tuple[Embedder, RunConfig, Path, dict[str, torch.Tensor], dict[str, Any]]:
+    """``load_run_model`` that also returns the checkpoint's tensors and state (e.g. the objective's), read once."""
     run = RunDir(run_dir)
     config = run.config()
     path = run.checkpoint(which)
-    model, _ = model_from_checkpoint(path, device)
-    return model.set_channels_last(config.train.channels_last), config, path
+    tensors, state = load_checkpoint(path)
+    model = model_from_tensors(tensors, state, path, device).set_channels_last(config.train.channels_last)
+    return model, config, path, tensors, state
+
+
+def load_run_model(run_dir: str | Path, which: str = "auto",
+                   device: str | torch.device = "cpu") -> tuple[Embedder, RunConfig, Path]:
+    """A run's model from its checkpoint ``which`` (``auto``, ``best`` or ``last``), its config and the file."""
+    model, config, path, _, _ = load_run_checkpoint(run_dir, which, device)
+    return model, config, path
