@@ -15,9 +15,11 @@ process (so that its peak resident memory is its own) on that same set, one afte
   R-precision (+ NMI), its defaults otherwise (faiss kNN, k = the largest class: 12 neighbours besides the
   query itself): it cannot give Recall@10, @100 or @1000;
 - ``pml-k1000``: the same with ours' metrics: k = 1000 and Recall@10, @100, @1000 added the way PML's
-  documentation adds an accuracy (``calculate_<name>`` methods that read ``knn_labels``).
+  documentation adds an accuracy (``calculate_<name>`` methods that read ``knn_labels``);
+- with ``--cuda`` (a GPU machine): ``matmul-cuda``, ``knn-cuda`` and ``ours-cuda``, the bare products, our kNN
+  and our metrics on the GPU (full float32; the embeddings start on the CPU and the copy is timed).
 
-    .venv/bin/python benchmarks/eval_speed.py [--n 60502] [--classes 11316] [--dim 512] [--noise 2.2] [--nmi]
+    .venv/bin/python benchmarks/eval_speed.py [--n 60502] [--classes 11316] [--dim 512] [--noise 2.2] [--nmi] [--cuda]
 
 Prints a table and writes benchmarks/results/eval_speed.json (times in seconds, ratios to the faster bare
 products and to PML, peak RSS in MB).
@@ -39,6 +41,7 @@ import numpy as np
 
 PHASES = ("matmul-torch", "matmul-numpy", "knn-torch", "knn-numpy", "knn-faiss", "kmeans", "ours-torch",
           "ours-numpy", "ours-faiss", "pml", "pml-k1000")
+CUDA_PHASES = ("matmul-cuda", "knn-cuda", "ours-cuda")
 
 
 def clustered_set(n: int, classes: int, dim: int, noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +86,7 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     from deepmetric.evaluation import retrieval_metrics
-    from deepmetric.evaluation.knn import block_rows_for, iter_knn, similarities
+    from deepmetric.evaluation.knn import block_rows_for, full_float32_products, iter_knn, similarities
     from deepmetric.evaluation.metrics import nmi_score
 
     x, y = clustered_set(n, classes, dim, noise)
@@ -94,8 +97,10 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     if kind == "matmul":
         block = block_rows_for(n)
         checksum = 0.0
-        for s in range(0, n, block):
-            checksum += float(similarities(xt[s:s + block], xt, engine)[:, 0].sum())
+        on = xt.cuda() if engine == "cuda" else xt
+        with full_float32_products():
+            for s in range(0, n, block):  # float() waits for the GPU's block too
+                checksum += float(similarities(on[s:s + block], on, engine)[:, 0].sum())
     elif kind == "knn":
         for _ in iter_knn(xt, xt, max(RECALL_AT), torch.arange(n), engine=engine):
             pass
@@ -124,7 +129,8 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=2.2,
                         help="scatter around the class centres (2.2: Recall@1 0.78, MAP@R 0.43, far from saturation)")
     parser.add_argument("--nmi", action="store_true", help="include NMI (faiss k-means) in ours and PML")
-    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--cuda", action="store_true", help="add the GPU phases (" + ", ".join(CUDA_PHASES) + ")")
+    parser.add_argument("--phase", choices=PHASES + CUDA_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "eval_speed.json"))
     args = parser.parse_args()
@@ -132,17 +138,19 @@ def main() -> None:
         print(json.dumps(run_phase(args.phase, args.n, args.classes, args.dim, args.noise, args.nmi)))
         return
     rows = {}
-    for phase in args.phases.split(","):
+    for phase in args.phases.split(",") + (list(CUDA_PHASES) if args.cuda else []):
         command = [sys.executable, __file__, "--phase", phase, "--n", str(args.n), "--classes", str(args.classes),
                    "--dim", str(args.dim), "--noise", str(args.noise)] + (["--nmi"] if args.nmi else [])
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rows[phase] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{phase:<12}{rows[phase]['seconds']:>10.1f} s {rows[phase]['peak_rss_mb']:>10.0f} MB", flush=True)
-    bare = [row["seconds"] for phase, row in rows.items() if phase.startswith("matmul-")]
-    base = min(bare) if bare else None
+    bare = [row["seconds"] for phase, row in rows.items() if phase.startswith("matmul-") and phase not in CUDA_PHASES]
+    bases = {"cpu": min(bare) if bare else None, "cuda": rows.get("matmul-cuda", {}).get("seconds")}
     pml = rows.get("pml", {}).get("seconds")
-    print(f"\n{'phase':<12}{'seconds':>10}{'x bare':>10}{'PML / this':>12}{'peak MB':>10}")
+    print(f"\n{'phase':<12}{'seconds':>10}{'x bare':>10}{'PML / this':>12}{'peak MB':>10}"
+          + ("  (GPU phases: x the GPU's bare products)" if bases["cuda"] else ""))
     for phase, row in rows.items():
+        base = bases["cuda" if phase in CUDA_PHASES else "cpu"]
         row["ratio_to_bare_products"] = row["seconds"] / base if base else None
         row["pml_over_this"] = pml / row["seconds"] if pml else None
         ratio = f"{row['ratio_to_bare_products']:.2f}" if base else "-"

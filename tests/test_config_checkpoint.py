@@ -49,7 +49,7 @@ def test_bad_values_name_the_key():
         build_config({"train": {"lr_schedule": "step", "lr_milestones": [3], "lr_gamma": 0}})
     with pytest.raises(ConfigError, match="classes_per_batch"):
         build_config(parse_override("data.classes_per_batch=1"))
-    with pytest.raises(ConfigError, match="eval.engine must be one of auto, torch, numpy, faiss, got 'blas'"):
+    with pytest.raises(ConfigError, match="eval.engine must be one of auto, torch, numpy, faiss, cuda, got 'blas'"):
         build_config(parse_override("eval.engine=blas"))
     assert build_config(parse_override("eval.engine=numpy")).eval.engine == "numpy"
 

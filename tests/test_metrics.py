@@ -200,9 +200,11 @@ def test_compute_metrics_is_independent_of_block_memory():
 def needs(engine):
     if engine == "faiss":
         pytest.importorskip("faiss")
+    if engine == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
 
 
-@pytest.mark.parametrize("engine", ["numpy", "faiss"])
+@pytest.mark.parametrize("engine", ["numpy", "faiss", "cuda"])
 @pytest.mark.parametrize("k", [1, 5, 40])
 def test_every_engine_gives_the_torch_engines_neighbours(k, engine):
     needs(engine)
@@ -217,7 +219,7 @@ def test_every_engine_gives_the_torch_engines_neighbours(k, engine):
         assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0])
 
 
-@pytest.mark.parametrize("engine", ["numpy", "faiss"])
+@pytest.mark.parametrize("engine", ["numpy", "faiss", "cuda"])
 def test_metrics_are_the_same_with_every_engine(engine):
     needs(engine)
     x, y = random_with_ties(n=300, classes=15, duplicates=40, seed=5)
@@ -238,8 +240,36 @@ def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, 
     knn_module = importlib.import_module("deepmetric.evaluation.knn")  # the package's `knn` is the function
     monkeypatch.setattr(knn_module, "cpu_info", lambda field: vendor)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert knn_module.resolve_engine("auto") == expected
     assert knn_module.resolve_engine("torch") == "torch"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert knn_module.resolve_engine("auto") == "cuda"  # wherever torch sees a GPU, whatever the CPU
+
+
+def test_cuda_engine_without_a_gpu_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeepMetricError, match="kNN engine 'cuda' asked for, but torch sees no CUDA device"):
+        retrieval_metrics(np.eye(4), [0, 0, 1, 1], nmi=False, engine="cuda")
+
+
+@pytest.mark.parametrize("engine", ["torch", "numpy", "cuda"])
+def test_the_kernel_products_are_full_float32_and_the_callers_precision_is_restored(engine):
+    """TF32 (precision 'high') would move CUDA similarities by about 1e-3: the kNN's products are IEEE float32
+    whatever the caller chose, and the caller's choice is back afterwards."""
+    needs(engine)
+    g = torch.Generator().manual_seed(7)
+    x = torch.nn.functional.normalize(torch.randn(300, 64, generator=g), dim=1)
+    exact = (x.double() @ x.double().t()).float()
+    chosen = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        values, indices = knn(x, x, 10, engine=engine)
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(chosen)
+    assert values.device.type == "cpu" and indices.device.type == "cpu"
+    assert torch.allclose(values, exact.gather(1, indices), rtol=0, atol=1e-6)
 
 
 def test_importing_deepmetric_lets_openblas_threads_sleep_unless_the_user_chose():

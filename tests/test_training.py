@@ -54,6 +54,22 @@ def test_best_checkpoint_follows_validation_recall(tmp_path):
     assert json.loads(json.dumps(run.config().to_dict())) == config.to_dict()
 
 
+def test_validation_ranks_with_the_runs_knn_engine(tmp_path, monkeypatch):
+    from deepmetric.evaluation import metrics
+
+    engines = []
+
+    def recording_iter_knn(*args, **kwargs):
+        engines.append(args[5] if len(args) > 5 else kwargs.get("engine"))
+        return iter_knn(*args, **kwargs)
+
+    iter_knn = metrics.iter_knn
+    monkeypatch.setattr(metrics, "iter_knn", recording_iter_knn)
+    config = tiny_config(data={"val_fraction": 0.4}, train={"steps": 4, "eval_every": 2}, eval={"engine": "numpy"})
+    train(config, tmp_path / "run", progress=False)
+    assert engines == ["numpy", "numpy"]  # validation at steps 2 and 4
+
+
 @pytest.mark.parametrize("schedule", ["step", "cosine"])
 def test_learning_rate_schedules(tmp_path, schedule):
     """``step``: x0.5 from step 2 and again from step 4 (0-based, as MultiStepLR's milestones), also when the

@@ -375,8 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recall-at", default="1,2,4,8", help="ranks K of Recall@K (default 1,2,4,8)")
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means)")
     p.add_argument("--engine", default="auto", choices=KNN_ENGINES,
-                   help="kNN engine (auto: numpy's BLAS products on non-Intel CPUs, where torch's MKL is slow; torch "
-                        "otherwise); all exact, equal up to float rounding")
+                   help="kNN engine (auto: cuda where torch sees a GPU, else numpy's BLAS products on non-Intel CPUs, "
+                        "where torch's MKL is slow, torch otherwise); all exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
     p.set_defaults(func=cmd_metrics)
     return parser

@@ -18,7 +18,7 @@ import yaml
 
 from .errors import ConfigError, did_you_mean
 
-KNN_ENGINES = ("auto", "torch", "numpy", "faiss")
+KNN_ENGINES = ("auto", "torch", "numpy", "faiss", "cuda")
 """Engines of the exact kNN (evaluation/knn.py)."""
 TRAIN_PAD_MODES = ("size", "square", "stretch")
 """``data.train_pad`` choices (data/transforms.py)."""
@@ -148,9 +148,10 @@ class EvalConfig:
     batch_size: int = 128
     nmi: bool = True
     engine: str = "auto"
-    """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products) or faiss; auto is numpy on CPUs
-    where torch's MKL is slow (not made by Intel), torch otherwise. All exact (they may order neighbours whose
-    similarities differ by a float rounding error differently)."""
+    """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products), faiss or cuda (torch on the GPU);
+    auto is cuda where torch sees a CUDA device, else numpy on CPUs where torch's MKL is slow (not made by Intel),
+    torch otherwise. All exact (they may order neighbours whose similarities differ by a float rounding error
+    differently)."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
     report: bool = True

@@ -9,7 +9,7 @@ kernel (BLAS picks different kernels for blocks of a few rows than for large one
 re-scores by another kernel): two set-ups can order neighbours whose similarities differ by a rounding
 error differently, which moves the metrics of an SOP-sized set in about the fifth decimal.
 
-Three engines:
+Four engines:
 
 - ``torch``: a block of similarities by one torch matrix product, then the grouped top-k of
   ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes about 1.4 times its products alone;
@@ -21,12 +21,16 @@ Three engines:
   similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
   contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
   It is slower on CPU (2.3 to 3.1 times the bare products: the re-scoring gathers k rows of the gallery per
-  query) and kept for comparison (docs/benchmarks.md).
+  query) and kept for comparison (docs/benchmarks.md);
+- ``cuda``: the torch engine on the current CUDA device: the gallery is copied there once, each block's
+  products and top-k run there in full float32 (TF32 is switched off for the products, whatever the caller
+  chose), and only the (b, k) results come back. ``auto`` picks it wherever torch sees a CUDA device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -55,17 +59,30 @@ def products_engine() -> str:
 
 
 def resolve_engine(engine: str) -> str:
-    if engine == "auto":
-        return products_engine()  # the faiss engine is slower on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
+    if engine == "auto":  # the faiss engine is slower on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
+        return "cuda" if torch.cuda.is_available() else products_engine()
     if engine not in KNN_ENGINES:
         raise DeepMetricError(f"kNN engine must be one of {', '.join(KNN_ENGINES)}, got '{engine}'")
     if engine == "faiss" and not faiss_available():
         raise DeepMetricError("kNN engine 'faiss' asked for, but faiss is not installed (pip install faiss-cpu)")
+    if engine == "cuda" and not torch.cuda.is_available():
+        raise DeepMetricError("kNN engine 'cuda' asked for, but torch sees no CUDA device")
     return engine
 
 
+@contextmanager
+def full_float32_products():
+    """Products in IEEE float32 (no TF32 on CUDA) inside the block, the caller's choice restored after it."""
+    chosen = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(chosen)
+
+
 def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch") -> torch.Tensor:
-    """``query @ gallery.T`` (float32, CPU) by torch's product or numpy's BLAS."""
+    """``query @ gallery.T`` (float32) by torch's product (on the tensors' device) or numpy's BLAS (CPU)."""
     if engine == "numpy":
         return torch.from_numpy(query.detach().numpy() @ gallery.detach().numpy().T)
     return query @ gallery.t()
@@ -207,16 +224,23 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
     """Yield ``(first query row, similarities (b, k), gallery indices (b, k))`` block by block.
 
     ``query`` and ``gallery`` are l2-normalised (n, D) float32 CPU tensors; ``self_index[i]`` is the gallery
-    row of query i (or -1), which is excluded from its neighbours.
+    row of query i (or -1), which is excluded from its neighbours. The results are CPU tensors whatever the
+    engine.
     """
     engine = resolve_engine(engine)
+    device = torch.device("cuda", torch.cuda.current_device()) if engine == "cuda" else torch.device("cpu")
     block = block_rows_for(gallery.shape[0], memory_mb)
     searcher = _FaissSearcher(gallery) if engine == "faiss" else None
+    gallery = gallery.to(device)  # once (a no-op on the CPU)
     for start in range(0, query.shape[0], block):
-        q = query[start:start + block]
-        own = None if self_index is None else self_index[start:start + block]
-        values, indices = searcher.block(q, k, own) if searcher else _product_block(q, gallery, k, own, engine)
-        yield start, values, indices
+        q = query[start:start + block].to(device)
+        own = None if self_index is None else self_index[start:start + block].to(device)
+        if searcher:
+            values, indices = searcher.block(q, k, own)
+        else:
+            with full_float32_products():
+                values, indices = _product_block(q, gallery, k, own, engine)
+        yield start, values.cpu(), indices.cpu()
 
 
 def knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: torch.Tensor | None = None,

@@ -18,11 +18,16 @@ from ..models import Embedder, create_model
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``train.device`` as a device (auto: this rank's GPU, else the CPU). A GPU becomes the current CUDA device,
+    so that CUDA work given no device (NCCL's collectives, the cuda kNN engine) runs on it, not on GPU 0."""
     if name == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeepMetricError(f"train.device={name} but torch sees no CUDA device")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def seed_everything(seed: int) -> None:

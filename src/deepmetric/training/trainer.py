@@ -120,7 +120,8 @@ def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Object
     rank)."""
     metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
                        test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
-                       num_workers=config.data.num_workers, progress=False, context=context)
+                       num_workers=config.data.num_workers, progress=False, engine=config.eval.engine,
+                       context=context)
     score = metrics["recall@1"]
     improved = best["score"] is None or score > best["score"]
     if improved:
