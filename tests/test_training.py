@@ -214,6 +214,16 @@ def _embed_on_rank(rank: int, world: int, port: int, out: str) -> None:
         shutdown()
 
 
+def test_process_groups_take_cpu_tensors_also_where_torch_sees_a_gpu(monkeypatch):
+    """NCCL alone refuses CPU tensors (the ranks' stop flag is one): on a GPU machine CPU tensors go to gloo."""
+    from deepmetric.distributed import process_group_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert process_group_backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert process_group_backend() == "cpu:gloo,cuda:nccl"
+
+
 def test_sharded_evaluation_gives_every_rank_all_rows_in_order(tmp_path):
     """15 rows on 2 ranks (8 + 7, so the gather pads one shard): each rank ends with the single-process matrix,
     no row missing, none twice."""

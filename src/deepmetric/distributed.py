@@ -1,4 +1,4 @@
-"""Multi-process training on torch.distributed (gloo on CPU, NCCL on GPU).
+"""Multi-process training on torch.distributed (gloo for CPU tensors, NCCL for CUDA tensors).
 
 What N processes compute is what one process computes on the same global P x K batch:
 
@@ -55,9 +55,15 @@ def context_from_env() -> DistContext:
         return DistContext()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        dist.init_process_group(backend=process_group_backend(), rank=rank, world_size=world)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank)
+
+
+def process_group_backend() -> str:
+    """gloo for CPU tensors and, where torch sees a GPU, NCCL for CUDA tensors. NCCL alone refuses CPU tensors
+    ("No backend type associated with device type cpu"): the ranks' stop flag, and every collective of a run
+    with ``train.device=cpu`` on a GPU machine, are CPU tensors."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def shutdown() -> None:
