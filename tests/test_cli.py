@@ -87,9 +87,10 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert code == 2 and "not a run directory" in err
 
 
-def test_help_and_metrics_skip_the_heavy_imports(tmp_path):
-    """``--help`` imports no torch, and ``metrics`` of precomputed embeddings no torchvision (the data pipeline):
-    each costs seconds of start-up on a small machine."""
+def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
+    """``--help`` imports no torch, and neither ``metrics`` of precomputed embeddings nor a ``train`` stopped by a
+    bad setting imports torchvision (the data pipeline and the models): each costs seconds of start-up on a small
+    machine."""
     import subprocess
     import sys
 
@@ -106,3 +107,4 @@ def test_help_and_metrics_skip_the_heavy_imports(tmp_path):
 
     assert loaded("--help") == "loaded:"
     assert loaded("metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--no-nmi") == "loaded: torch"
+    assert loaded("train", "--data", "glyphs", "loss.name=binomal") == "loaded: torch"

@@ -41,10 +41,6 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .training import train
-    from .training.run_dir import RunDir
-    from .workflows import add_regularizers, evaluate_run_embeddings, results_table
-
     layers = _train_layers(args)
     if args.resume:
         if not args.out:
@@ -52,11 +48,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config:
             raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
                                   "key=value overrides instead of --config")
+        from .training.run_dir import RunDir
+
         saved = RunDir(args.out).config().to_dict()
         config = build_config(saved, *layers)
     else:
         base = load_yaml(args.config) if args.config else {}
-        config = build_config(base, *layers)
+        config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
+    from .training import train
+    from .workflows import add_regularizers, evaluate_run_embeddings, results_table
+
     if args.regularizer:
         add_regularizers(config, args.regularizer)
     out = Path(args.out) if args.out else Path("runs") / (
