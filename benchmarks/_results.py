@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from deepmetric.hardware import cpu_info
+from deepmetric.provenance import environment as provenance
 
 
 def environment() -> dict[str, Any]:
-    """The run's conditions: torch threads, torch version, processor."""
-    return {"threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(), "cpu": cpu_info("model name")}
+    """The run's conditions (``deepmetric.provenance``): versions, deepmetric's commit, processor, torch threads."""
+    return provenance("cpu")
 
 
 def write_result(out: str | Path, result: dict[str, Any]) -> None:

@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalDataset
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, split_metrics
+from .evaluation.knn import resolve_engine
 from .evaluation.table import format_table
+from .provenance import environment
 from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, unprefixed
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
@@ -44,17 +47,19 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
                              device, config.data.num_workers, progress, desc="embedding test")
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
-    record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), metrics=metrics)
+    record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
     atomic_write_text(run.test_metrics, json.dumps(record, indent=2))
     return record, embeddings
 
 
 def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, state: dict[str, Any],
-                 **results: Any) -> dict[str, Any]:
-    """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``."""
+                 device: torch.device, **results: Any) -> dict[str, Any]:
+    """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``,
+    and the machine, software and kNN engine that computed them."""
     return {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
             "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"), **results,
-            "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "environment": environment(device, knn_engine=resolve_engine(config.eval.engine))}
 
 
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,
@@ -93,7 +98,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
         train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = score(
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim))
-    record = _test_record(config, table, checkpoint, state, embeddings=rows)
+    record = _test_record(config, table, checkpoint, state, device, embeddings=rows)
     atomic_write_text(run.all_embeddings_metrics, json.dumps(record, indent=2))
     return record
 

@@ -1,5 +1,6 @@
-"""``RUN/report.html``: curves, Recall@K, a retrieval grid, attention overlays, an embedding map and the config
-(and, once ``deepmetric evaluate --all-embeddings`` has run, its table of every embedding).
+"""``RUN/report.html``: curves, Recall@K, a retrieval grid, attention overlays, an embedding map, the software and
+machines that trained and evaluated the run, and the config (and, once ``deepmetric evaluate --all-embeddings``
+has run, its table of every embedding).
 
 Self-contained: every figure is a PNG embedded as a base64 data URI, so the file can be mailed or opened
 anywhere. The test split is embedded once with the run's evaluated checkpoint (``best`` when the run had
@@ -51,6 +52,31 @@ def _metrics_table(rows: dict[str, dict[str, float]]) -> str:
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 
 
+PROVENANCE_FIELDS = (("at", "when"), ("start_step", "from step"), ("steps", "to step"),
+                     ("processes", "processes"), ("deepmetric", "deepmetric"), ("source", "commit"),
+                     ("torch", "torch"), ("device", "device"), ("gpu", "GPU"), ("cpu", "CPU"),
+                     ("threads", "threads"), ("knn_engine", "kNN engine"))
+
+
+def _provenance_section(records: dict[str, dict[str, Any]]) -> str:
+    """The software and machine of each training session and test evaluation (``deepmetric.provenance``), one
+    column each; commits shortened to 12 digits."""
+    if not records:
+        return ""
+    fields = [(key, label) for key, label in PROVENANCE_FIELDS if any(key in r for r in records.values())]
+
+    def cell(record: dict[str, Any], key: str) -> str:
+        value = str(record.get(key, ""))
+        if key == "source" and len(value) >= 40:
+            value = value[:12] + value[40:]
+        return f"<td>{html.escape(value)}</td>"
+
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in records)
+    body = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(cell(r, key) for r in records.values()) + "</tr>"
+                   for key, label in fields)
+    return f"<h2>Provenance</h2><table><tr><th></th>{head}</tr>{body}</table>"
+
+
 def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test_resize: str,
                         device: torch.device, count: int = 4, seed: int = 0) -> str:
     """Overlays of the head's attention maps on a few test images, or '' for heads without maps."""
@@ -89,11 +115,15 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
         config.data.num_workers, progress, desc="embedding test")
     log = run.read_log()
     results: dict[str, dict[str, float]] = {}
+    provenance = {f"training session {i}": session for i, session in enumerate(run.sessions(), 1)}
     if run.baseline.is_file():
-        results["untrained backbone"] = json.loads(run.baseline.read_text())["metrics"]
+        baseline = json.loads(run.baseline.read_text())
+        results["untrained backbone"] = baseline["metrics"]
+        provenance["untrained backbone's test"] = baseline.get("environment", {})
     if run.test_metrics.is_file():
         record = json.loads(run.test_metrics.read_text())
         results[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
+        provenance["test evaluation"] = record.get("environment", {})
     m = config.model
     sections = [
         f"<h1>deepmetric run {html.escape(run.path.name)}</h1>",
@@ -121,6 +151,7 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     sections.append("<h2>Embedding map</h2>" + _img(figures.embedding_map(embeddings, test.labels,
                                                                            class_names=test.class_names),
                                                     "t-SNE of test embeddings"))
+    sections.append(_provenance_section(provenance))
     sections.append("<h2>Resolved config</h2><pre>" + html.escape(yaml.safe_dump(config.to_dict(), sort_keys=False))
                     + "</pre>")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>deepmetric report {html.escape(run.path.name)}"

@@ -9,6 +9,7 @@ RUN/
   baseline.json               test metrics of the untrained backbone (eval.baseline)
   metrics.json                test metrics of the trained model (written by evaluate)
   bad_images.txt              what data.skip_bad_images left out, one "item: problem" per line
+  environment.json            the software and machine of each training session (deepmetric.provenance)
   generator.json, mirage-*.png   an example generator's diagnostics (generator.name, e.g. MIRAGE)
 ```
 """
@@ -51,6 +52,21 @@ class RunDir:
     @property
     def bad_items(self) -> Path:
         return self.path / "bad_images.txt"
+
+    @property
+    def environment(self) -> Path:
+        return self.path / "environment.json"
+
+    def add_session(self, record: dict[str, Any]) -> None:
+        """Append a training session's record (``deepmetric.provenance.environment``) to ``environment.json``."""
+        sessions = self.sessions()
+        atomic_write_text(self.environment, json.dumps({"sessions": [*sessions, record]}, indent=2))
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The training sessions recorded so far (none for runs trained before sessions were recorded)."""
+        if not self.environment.is_file():
+            return []
+        return json.loads(self.environment.read_text())["sessions"]
 
     @property
     def baseline(self) -> Path:

@@ -14,7 +14,9 @@ from ..data.audit import BadItem, check_table
 from ..data.table import RetrievalDataset
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
+from ..evaluation.knn import resolve_engine
 from ..models import Embedder, create_model
+from ..provenance import environment
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -70,4 +72,5 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
                        config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
                        config.eval.engine)
     pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
-    return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics}
+    return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics,
+            "environment": environment(device, knn_engine=resolve_engine(config.eval.engine))}

@@ -35,6 +35,7 @@ from ..evaluation import evaluate
 from ..generators import Generator, build_generator
 from ..losses import Objective, build_objective
 from ..models import Embedder
+from ..provenance import environment
 from .checkpoint import (
     atomic_write_text,
     load_checkpoint,
@@ -242,6 +243,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
             atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
             log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
         save_config(config, run.config_path)
+        run.add_session(environment(device, start_step=start_step, steps=t.steps, processes=context.world_size))
         if config.eval.baseline and not run.baseline.is_file():
             log.info("evaluating the untrained backbone on the test split")
             baseline = untrained_baseline(config, table, device, progress)
