@@ -30,6 +30,10 @@ def test_source_revision_is_the_commit_and_says_when_tracked_files_changed(tmp_p
     assert source_revision(tmp_path) == commit
     (tmp_path / "a.py").write_text("x = 2\n")
     assert source_revision(tmp_path) == commit + "-dirty"
+    installed = tmp_path / ".venv" / "deepmetric"  # a package installed inside another project's checkout
+    installed.mkdir(parents=True)
+    (installed / "provenance.py").write_text("")
+    assert source_revision(installed) is None
 
 
 def test_environment_names_the_software_and_the_machine():

@@ -43,13 +43,16 @@ def software() -> dict[str, str | None]:
 
 def source_revision(folder: str | Path | None = None) -> str | None:
     """The git commit of ``folder`` (deepmetric's own source by default), with ``-dirty`` when tracked files
-    have uncommitted changes; None where it is not a git checkout (an installed wheel) or git is missing."""
+    have uncommitted changes; None where git is missing or the folder's files are not tracked by a repository
+    (an installed wheel, also one in a virtual environment inside some other project's checkout)."""
     folder = Path(folder) if folder is not None else Path(__file__).resolve().parent
     try:
         def git(*args: str) -> str:
             return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10,
                                   check=True).stdout.strip()
 
+        if not git("ls-files", "--", "."):  # no tracked file here: not the repository's own source
+            return None
         commit = git("rev-parse", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
