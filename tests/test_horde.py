@@ -228,9 +228,10 @@ def test_horde_leaves_the_first_order_embedding_bit_identical():
     assert isinstance(objective.regularizers["horde"], HordeRegularizer)
 
 
-def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys):
+def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monkeypatch):
     """--regularizer horde through the CLI; the checkpointed model is the plain GAP model (HORDE discarded);
-    its test-time embedding is bit-identical with and without the objective attached; per-order + PCA rows."""
+    its test-time embedding is bit-identical with and without the objective attached; per-order + PCA rows
+    (whose PCA is fit on the training split: the only evaluation that audits that split's images)."""
     import json
 
     import numpy as np
@@ -264,8 +265,13 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys):
     assert np.array_equal(alone, attached["embedding"])
     assert list(attached) == ["embedding", "horde.order2", "horde.order3"]
 
+    import deepmetric.training.setup as setup
+
+    audited, check = [], setup.check_table
+    monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
     capsys.readouterr()
     assert main(["evaluate", str(out), "--all-embeddings", "--pca-dim", "8", "--json", "--quiet"]) == 0
+    assert audited == [{"test"}, {"train"}]
     rows = json.loads(capsys.readouterr().out)
     assert list(rows) == ["embedding", "horde.order2", "horde.order3", "concatenation, PCA 8 (fit on train)"]
     assert all(0 <= row["recall@1"] <= 1 for row in rows.values())

@@ -76,8 +76,13 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     config = run.config()
     device = resolve_device(config.train.device)
     model, _, checkpoint, tensors, state = load_run_checkpoint(run.path, which, device)  # the objective's too
-    table, _ = load_table(config, progress)
-    objective = build_objective(config.loss, model.head, len(table.classes("train"))).to(device)
+    table, _ = load_table(config, progress, only_split="test")  # the audit reads only the splits it needs
+    train_table = None
+    classes = state.get("objective_classes")
+    if classes is None:  # a checkpoint from before the count was saved: count the audited training classes
+        train_table, _ = load_table(config, progress, only_split="train")
+        classes = len(train_table.classes("train"))
+    objective = build_objective(config.loss, model.head, classes).to(device)
     objective_state = unprefixed("objective", tensors)
     if objective.state_dict() and not objective_state:
         raise CheckpointError(f"{checkpoint} holds no objective state (it predates saving it); use --checkpoint last")
@@ -95,7 +100,9 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     rows.update(learner_summary(rows, model.head.individual_learners))
     concatenated = ["embedding"] + [k for k in test if k.partition(".")[0] in objective.regularizers]
     if len(concatenated) > 1:
-        train = embed_with_objective(model, objective, table.split("train"), *options, desc="embedding train")
+        if train_table is None:
+            train_table, _ = load_table(config, progress, only_split="train")
+        train = embed_with_objective(model, objective, train_table, *options, desc="embedding train")
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = score(
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim))
     record = _test_record(config, table, checkpoint, state, device, embeddings=rows)

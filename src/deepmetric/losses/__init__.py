@@ -99,4 +99,4 @@ def build_objective(config: Any, head: nn.Module, num_classes: int | None = None
 
     regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
                     for name, options in specs.items()}
-    return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers)
+    return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes)

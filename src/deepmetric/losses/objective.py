@@ -31,8 +31,10 @@ class Objective(nn.Module):
     """
 
     def __init__(self, metric_losses: list[nn.Module] | nn.Module, on: str = "embedding",
-                 parts_reduction: str = "mean", regularizers: dict[str, tuple[nn.Module, float]] | None = None):
+                 parts_reduction: str = "mean", regularizers: dict[str, tuple[nn.Module, float]] | None = None,
+                 num_classes: int | None = None):
         super().__init__()
+        self.num_classes = num_classes  # the classes its per-class parameters (if any) are sized for
         if isinstance(metric_losses, nn.Module):
             metric_losses = [metric_losses]
         if on not in ("embedding", "parts") or parts_reduction not in ("mean", "sum"):

@@ -100,7 +100,8 @@ def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: to
                **prefixed("optim", optim_tensors), "rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    state = {"kind": "last", "step": step, "model_spec": model.spec, "optimizer": optim_meta, "best": best}
+    state = {"kind": "last", "step": step, "model_spec": model.spec, "objective_classes": objective.num_classes,
+             "optimizer": optim_meta, "best": best}
     if generator is not None:
         generator_tensors, state["generator"] = generator.checkpoint_state()
         tensors.update(prefixed("generator", generator_tensors))
@@ -110,7 +111,8 @@ def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: to
 def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, score: float) -> None:
     """The model at its best validation score, with the objective's state (for evaluating auxiliary embeddings)."""
     tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict())}
-    save_checkpoint(run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec, "val_recall@1": score})
+    save_checkpoint(run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec,
+                                        "objective_classes": objective.num_classes, "val_recall@1": score})
 
 
 def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Objective, table: RetrievalDataset,
