@@ -157,6 +157,33 @@ def test_output_contract_and_every_parameter_gets_a_gradient(options):
     assert not missing
 
 
+def test_abe_initialises_each_mask_convolution_and_the_final_layers_as_glorot():
+    """ABE §4: "the final layer of the network and the convolution layer of attention module are randomly
+    initialized as proposed by Glorot et al.": U(±sqrt(6 / (fan_in + fan_out))) with one learner's fans, even
+    where the M learners' layers are stored as one tensor; the masks' biases start at zero. DIABLO, which
+    does not say, keeps nn.Linear's U(±1/sqrt(C))."""
+    import math
+
+    from deepmetric.models.heads.abe import MHeadsHead
+    from deepmetric.models.heads.attention import BranchEmbedding, SigmoidMasks
+
+    def spans(weight, bound):  # every value inside the bound, and the largest near it (thousands of draws)
+        largest = float(weight.detach().abs().max())
+        return 0.95 * bound < largest <= bound
+
+    torch.manual_seed(0)
+    masks = SigmoidMasks(num_learners=8, phi_dim=64, channels=32)
+    assert spans(masks.convs.weight, math.sqrt(6 / (64 + 32))) and not masks.convs.bias.any()
+    shared = BranchEmbedding(8, in_channels=256, embedding_dim=128, shared=True, glorot=True)
+    assert spans(shared.weight, math.sqrt(6 / (256 + 16)))
+    per_branch = BranchEmbedding(8, in_channels=256, embedding_dim=128, shared=False)
+    assert spans(per_branch.weight, 1 / math.sqrt(256))
+    abe = create_model("tiny", head="abe", embedding_dim=16, pretrained=False, num_learners=2).head
+    assert abe.embed.weight.shape == (8, 32) and spans(abe.embed.weight, math.sqrt(6 / (32 + 8)))
+    heads = MHeadsHead(torch.nn.Identity(), in_channels=512, embedding_dim=64, num_heads=4)
+    assert all(spans(embed.weight, math.sqrt(6 / (512 + 16))) for embed in heads.embeds)
+
+
 def test_abe_with_all_ones_masks_is_the_plain_network():
     torch.manual_seed(0)
     model = create_model("tiny", head="abe", pretrained=False, embedding_dim=12, num_learners=3,

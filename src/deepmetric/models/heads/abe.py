@@ -3,7 +3,8 @@
 ABE-M (eq. 7): ``B_m(x) = G(S(x) ∘ A_m(S(x)))`` with the spatial extractor S (GoogLeNet up to pool3), a
 shared attention trunk C (a separate ImageNet-initialised copy of inception 4a-4e), one 1x1 convolution
 832 -> 480 + sigmoid per learner (A'_m), the shared global embedding G (inception 4a-5b, GAP) and one
-shared final layer 1024 -> 512/M without bias; per-learner l2, concatenated. Trained with a metric loss
+shared final layer 1024 -> 512/M without bias; per-learner l2, concatenated. The masks' convolutions and the
+final layers are Glorot-initialised (§4). Trained with a metric loss
 per learner, summed (eq. 8), plus the divergence loss (eq. 9, ``losses/divergence.py``) with
 lambda_div = 1. ABE-1 (one learner) has no divergence term (no pair of learners). ``branch_feature_map``
 exposes the M learners' tail maps (inception 5b) for the HORDE regulariser (ABE + HORDE, thesis §5.5.3).
@@ -25,6 +26,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..backbones import Backbone, attention_layout
+from ..init import glorot_uniform_
 from .attention import MultiBranchHead, SigmoidMasks, copy_stages, phi_channels
 from .base import Head, HeadOutput, each_part
 
@@ -55,7 +57,8 @@ class ABEHead(MultiBranchHead):
         masks = SigmoidMasks(num_learners, phi_channels(backbone, names), backbone.channels)
         return cls(psi=backbone.tail, phi=phi, selector=masks, num_branches=num_learners,
                    psi_channels=backbone.tail_channels, embedding_dim=embedding_dim, strategy="pre",
-                   shared_embedding=True, tail_chunk=tail_chunk, branch_feature_map=branch_feature_map)
+                   shared_embedding=True, tail_chunk=tail_chunk, branch_feature_map=branch_feature_map,
+                   glorot_embedding=True)
 
 
 class MHeadsHead(Head):
@@ -78,6 +81,8 @@ class MHeadsHead(Head):
         self.tails = nn.ModuleList([tail] + [copy.deepcopy(tail) for _ in range(num_heads - 1)])
         self.embeds = nn.ModuleList(nn.Linear(in_channels, embedding_dim // num_heads, bias=False)
                                     for _ in range(num_heads))
+        for embed in self.embeds:  # ABE §4: the final layers are Glorot-initialised
+            glorot_uniform_(embed.weight, in_channels, embedding_dim // num_heads)
 
     @property
     def num_parts(self) -> int:

@@ -40,6 +40,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..backbones import Backbone
+from ..init import glorot_uniform_
 from .base import Head, HeadOutput
 
 CPU_TAIL_CHUNK = 64
@@ -109,13 +110,18 @@ class DimensionWiseSelection(nn.Module):
 
 class SigmoidMasks(nn.Module):
     """ABE's per-learner attention heads A'_m: one 1x1 convolution (with bias) + sigmoid per learner,
-    giving a mask in [0, 1] with the shape of the features it weights (ABE §4, Fig. 3). Returns (B, M, c, h, w)."""
+    giving a mask in [0, 1] with the shape of the features it weights (ABE §4, Fig. 3). Returns (B, M, c, h, w).
+
+    Each learner's convolution is Glorot-initialised with its own fans, phi_dim -> c (ABE §4: "the convolution
+    layer of attention module [is] randomly initialized as proposed by Glorot et al."), and its bias is zero
+    (the paper does not say; zero is Keras' and Caffe's default)."""
 
     def __init__(self, num_learners: int, phi_dim: int, channels: int):
         super().__init__()
         self.num_learners, self.channels = num_learners, channels
         self.convs = nn.Conv2d(phi_dim, num_learners * channels, kernel_size=1)  # M convs as one
-        nn.init.xavier_uniform_(self.convs.weight.view(num_learners * channels, phi_dim))  # ABE: Glorot
+        glorot_uniform_(self.convs.weight, phi_dim, channels)
+        nn.init.zeros_(self.convs.bias)
 
     def forward(self, phi_map: torch.Tensor) -> torch.Tensor:
         b, _, h, w = phi_map.shape
@@ -127,9 +133,11 @@ class BranchEmbedding(nn.Module):
 
     ``shared``: one linear map for all branches (ABE's shared final layer); otherwise one per branch
     (DIABLO's "embedding layer for each branch"; same parameter count as one C x D layer). No bias.
+    ``glorot``: Glorot-uniform (ABE §4: "the final layer of the network ... randomly initialized as proposed
+    by Glorot et al."), else nn.Linear's default U(±1/sqrt(C)) (DIABLO does not say).
     """
 
-    def __init__(self, num_branches: int, in_channels: int, embedding_dim: int, shared: bool):
+    def __init__(self, num_branches: int, in_channels: int, embedding_dim: int, shared: bool, glorot: bool = False):
         super().__init__()
         if embedding_dim % num_branches:
             raise ConfigError(f"embedding_dim {embedding_dim} is not divisible by the {num_branches} branches")
@@ -137,8 +145,11 @@ class BranchEmbedding(nn.Module):
         out = embedding_dim // num_branches
         shape = (out, in_channels) if shared else (num_branches, out, in_channels)
         self.weight = nn.Parameter(torch.empty(shape))
-        bound = 1.0 / math.sqrt(in_channels)  # nn.Linear's default initialisation
-        nn.init.uniform_(self.weight, -bound, bound)
+        if glorot:
+            glorot_uniform_(self.weight, in_channels, out)
+        else:
+            bound = 1.0 / math.sqrt(in_channels)  # nn.Linear's default initialisation
+            nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, pooled: torch.Tensor) -> list[torch.Tensor]:
         if self.shared:
@@ -160,14 +171,14 @@ class MultiBranchHead(Head):
 
     def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
                  embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto",
-                 branch_feature_map: bool = False):
+                 branch_feature_map: bool = False, glorot_embedding: bool = False):
         super().__init__()
         if strategy not in ("pre", "post"):
             raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
         self.psi, self.phi, self.selector = psi, phi, selector
         self.tail_chunk = check_tail_chunk(tail_chunk)
         self.num_branches, self.strategy, self.embedding_dim = num_branches, strategy, embedding_dim
-        self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding)
+        self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding, glorot_embedding)
         self.branch_feature_map = branch_feature_map
         if branch_feature_map:
             self.feature_channels = num_branches * psi_channels
