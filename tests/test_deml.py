@@ -110,6 +110,24 @@ def test_channel_attention_gates():
     assert ((gated >= 0) & (gated <= features.unsqueeze(1))).all()  # cap <= U for U >= 0
 
 
+def test_cams_and_learners_start_from_the_codes_caffe_xavier_filler():
+    """U(±sqrt(3 / fan_in)): the learners' rows start with ||omega_r||^2 ~ 1, so L_ntri (eq. 6) starts near 0
+    (Glorot's rule gave ~1.9 on 1024 -> 56, and 0.25 L_ntri ~ 100 at the first step of DeML(3,3))."""
+    import math
+
+    from deepmetric.models.heads.deml_modules import DecoupledLearners
+
+    torch.manual_seed(0)
+    learners = DecoupledLearners(num_scales=3, num_branches=3, in_channels=1024, out_dim=56)
+    rows = learners.matrices().flatten(0, 1)  # (I J d', C)
+    assert rows.pow(2).sum(dim=1).mean().item() == pytest.approx(1.0, abs=0.02)
+    assert learners.weight.abs().max().item() <= math.sqrt(3 / 1024)
+    cams = ChannelAttention(512, num_gates=4, hidden=64)
+    assert 0.95 * math.sqrt(3 / 512) < cams.squeeze.weight.abs().max().item() <= math.sqrt(3 / 512)
+    assert 0.95 * math.sqrt(3 / 64) < cams.excite.weight.abs().max().item() <= math.sqrt(3 / 64)
+    assert not cams.squeeze.bias.any() and not cams.excite.bias.any()
+
+
 def test_branches_differ_only_through_their_cams():
     model = deml(1, 3, embedding_dim=12, share_learners=True).eval()
     gates = model.head.gates[0]

@@ -3,18 +3,20 @@
 - ``ChannelAttention``: J CAMs of one scale, ``cap_(i,j) = U ⊡ sigma(W2_(i,j) delta(W1_(i,j) Psi(U)))`` (§3.2),
   W1: C -> 64, W2: 64 -> C. ``pooled=True`` is the paper's squeeze-and-excitation form (Psi = spatial average,
   one gate per channel); ``pooled=False`` the released code's per-pixel form (two 1x1 convolutions on U itself,
-  one gate per channel and position). Both with biases and Xavier weights, zero biases, as in the code.
+  one gate per channel and position). Both with Caffe-xavier weights (U(±sqrt(3 / fan_in)), the filler of the
+  code's prototxt) and zero biases, as in the code (the paper only says "random weights").
 - ``DecoupledLearners``: the I x J CA learners, ``CA_(i,j) = omega_ij g`` with omega_ij in R^{d' x C},
-  d' = floor(d / (I J)), no bias, Xavier (code); ``shared=True`` shares omega across the J learners of a scale,
+  d' = floor(d / (I J)), no bias, Caffe-xavier as the code's InnerProduct (so each row omega_r starts with
+  ||omega_r||^2 ~ 1, where L_ntri, eq. 6, is near 0); ``shared=True`` shares omega across the J learners of a scale,
   as the released code does (the paper's notation omega_ij gives each its own).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
+
+from ..init import caffe_xavier_uniform_
 
 
 class ChannelAttention(nn.Module):
@@ -25,9 +27,9 @@ class ChannelAttention(nn.Module):
         self.channels, self.num_gates, self.pooled = channels, num_gates, pooled
         self.squeeze = nn.Conv2d(channels, num_gates * hidden, kernel_size=1)  # the J W1's as one 1x1 conv
         self.excite = nn.Conv2d(num_gates * hidden, num_gates * channels, kernel_size=1, groups=num_gates)  # J W2's
-        bound = math.sqrt(6.0 / (channels + hidden))  # Xavier with each gate's own fan-in and fan-out
+        caffe_xavier_uniform_(self.squeeze.weight, channels)  # the code's xavier filler, each gate's own fan-in
+        caffe_xavier_uniform_(self.excite.weight, hidden)
         for conv in (self.squeeze, self.excite):
-            nn.init.uniform_(conv.weight, -bound, bound)
             nn.init.zeros_(conv.bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -44,8 +46,7 @@ class DecoupledLearners(nn.Module):
         super().__init__()
         self.num_branches = num_branches
         self.weight = nn.Parameter(torch.empty(num_scales, 1 if shared else num_branches, out_dim, in_channels))
-        bound = math.sqrt(6.0 / (in_channels + out_dim))  # Xavier, as the code's InnerProduct layers
-        nn.init.uniform_(self.weight, -bound, bound)
+        caffe_xavier_uniform_(self.weight, in_channels)  # the code's InnerProduct xavier filler: ||w_r||^2 ~ 1
 
     def matrices(self) -> torch.Tensor:
         """The distinct weight matrices (L, d', C): I x J of them, or I when shared."""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
+from ..init import glorot_uniform_
 
 MODES = ("cascaded", "learned", "rm_fixed")
 
@@ -41,8 +42,7 @@ def rademacher(rows: int, cols: int, seed: int) -> torch.Tensor:
 
 def glorot_uniform(rows: int, cols: int, count: int) -> torch.Tensor:
     """``count`` (rows, cols) matrices side by side, each U(±sqrt(6 / (rows + cols))) (Keras' default)."""
-    limit = math.sqrt(6.0 / (rows + cols))
-    return torch.empty(rows, cols * count).uniform_(-limit, limit)
+    return glorot_uniform_(torch.empty(rows, cols * count), rows, cols)
 
 
 def matrices_per_order(orders: int, mode: str) -> list[list[int]]:
