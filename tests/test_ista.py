@@ -34,6 +34,8 @@ def test_neighbour_pairs():
     assert np.array_equal(x, xu) and len(x) == 6
     with pytest.raises(ConfigError, match="neighbourhood must be one of"):
         neighbour_pairs(fmap, "9")
+    with pytest.raises(ConfigError, match="dim .* projects block-reduced signatures; set block_fraction"):
+        ISTA(block_fraction=None, dim=8)  # it raised a KeyError in fit()
 
 
 def test_centering_truncation_and_cross_entry_normalisation():

@@ -74,6 +74,9 @@ class ISTA:
             raise ConfigError(f"ISTA: neighbourhood must be one of {', '.join(NEIGHBOURHOODS)}, got '{neighbourhood}'")
         if not 0 < variance <= 1 or (block_fraction is not None and not 0 < block_fraction <= 1):
             raise ConfigError(f"ISTA: variance and block_fraction must be in (0, 1], got {variance}, {block_fraction}")
+        if dim is not None and block_fraction is None:
+            raise ConfigError("ISTA: dim (the whitened full projection, §4.2.5) projects block-reduced signatures; "
+                              "set block_fraction as well")
         self.codewords, self.neighbourhood, self.variance, self.power = codewords, neighbourhood, variance, power
         self.block_fraction, self.dim, self.seed = block_fraction, dim, seed
         self.dictionary: np.ndarray | None = None

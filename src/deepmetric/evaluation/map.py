@@ -8,8 +8,10 @@ Average precision, ``method``:
 
 - ``trapezoid`` (default): ``sum_j (P_{j-1} + P_j) / 2 · 1/|pos|`` over the positives in rank order, with
   ``P_{j-1} = (j-1)/r_j`` (1 at rank 0) and ``P_j = j/(r_j + 1)`` for the j-th positive at 0-based rank
-  r_j: the rule of the official evaluation code of Oxford (``compute_ap``) and Holidays;
-- ``step``: ``(1/|pos|) sum_j j / (r_j + 1)``, the non-interpolated AP (scikit-learn's).
+  r_j: the rule of the official evaluation code of Oxford (``compute_ap``) and Holidays, by which the
+  thesis' ISTA tables are computed;
+- ``step``: ``(1/|pos|) sum_j j / (r_j + 1)``, the non-interpolated AP (scikit-learn's), which is the
+  thesis' own definition (eq. 2.27, its example 1/3 (1/2 + 2/3 + 3/4) ~ 0.64; trapezoid gives 0.51).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Binomial deviance (Yi et al. 2014; Ustinova & Lempitsky 2016; thesis eq. 2.18 and §4.4.6).
 
 Positive pairs: ``log(1 + exp(-alpha (s - beta)))``; negative pairs: ``log(1 + exp(alpha C (s - beta)))``
-with alpha = 2, beta = 0.5, C = 25. Eq. 2.18 omits C; the thesis' text gives "negative weight C = 25"
+with alpha = 2, beta = 0.5, C = 25. Eq. 2.18 has no alpha on the positive term (``log(1 + e^{beta - s})``);
+alpha there is Ustinova & Lempitsky's form and the authors' code's. Eq. 2.18 also omits C; the thesis' text gives "negative weight C = 25"
 and the author's code puts C inside the exponent, as Ustinova & Lempitsky define the cost, which is
 the default here (``cost="exponent"``); ``cost="weight"`` multiplies the negative term by C instead.
 Reduction: for each anchor, the mean over its positives plus the mean over its negatives, averaged

@@ -2,7 +2,9 @@
 
 For anchor q: ``(1/alpha) log(1 + sum_p exp(-alpha (s_qp - lambda)))``
 ``+ (1/beta) log(1 + sum_n exp(beta (s_qn - lambda)))``,
-averaged over anchors; alpha = 2, beta = 50, lambda = 0.5 (the authors' defaults). With ``mining``,
+averaged over anchors; alpha = 2, beta = 50, lambda = 0.5 (the authors' defaults). The names are Wang et al.'s:
+eq. 2.20 writes the same loss with gamma for the negatives' sharpness (our beta = 50) and beta for the
+margin (our lambda = 0.5). With ``mining``,
 only the informative pairs enter the sums: negatives with ``s_qn > min_p s_qp - epsilon`` and positives
 with ``s_qp < max_n s_qn + epsilon`` (epsilon = 0.1).
 """
