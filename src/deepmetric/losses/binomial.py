@@ -2,11 +2,11 @@
 
 Positive pairs: ``log(1 + exp(-alpha (s - beta)))``; negative pairs: ``log(1 + exp(alpha C (s - beta)))``
 with alpha = 2, beta = 0.5, C = 25. Eq. 2.18 has no alpha on the positive term (``log(1 + e^{beta - s})``);
-alpha there is Ustinova & Lempitsky's form and the authors' code's. Eq. 2.18 also omits C; the thesis' text gives "negative weight C = 25"
-and the author's code puts C inside the exponent, as Ustinova & Lempitsky define the cost, which is
-the default here (``cost="exponent"``); ``cost="weight"`` multiplies the negative term by C instead.
-Reduction: for each anchor, the mean over its positives plus the mean over its negatives, averaged
-over anchors (the code sums over anchors: the same loss times the batch size).
+alpha there is Ustinova & Lempitsky's form and the authors' code's. Eq. 2.18 also omits C; the thesis' text
+gives "negative weight C = 25" and the author's code puts C inside the exponent, as Ustinova & Lempitsky
+define the cost, which is the default here (``cost="exponent"``); ``cost="weight"`` multiplies the negative
+term by C instead. Reduction: for each anchor, the mean over its positives plus the mean over its negatives,
+averaged over anchors (the code sums over anchors: the same loss times the batch size).
 
 ``positive_weight`` scales the positive term the same way. DGML's Table 1 prints the 25 on the positive
 pairs (beta_1 = 25, beta_0 = 1: ``positive_weight=25, negative_weight=1``); its code, like the standard

@@ -2,8 +2,8 @@
 features, normalise, embed, l2.
 
 Local features ``x`` are the trunk's output F (the head runs no tail; ``model.split`` chooses the layer),
-optionally reduced by a 1x1 convolution without bias (``reduce_dim``; 256 for the thesis' BP baseline, inferred from Table 4.2's parameter counts: the thesis does not
-state it).
+optionally reduced by a 1x1 convolution without bias (``reduce_dim``; 256 for the thesis' BP baseline, inferred
+from Table 4.2's parameter counts: the thesis does not state it).
 
 ``pooling``: ``second_order`` (eq. 3.1), ``covariance`` (eq. 3.2) or ``bilinear`` (eq. 3.3: two streams,
 here two 1x1 reductions of the same features, as one trunk has one feature map).
