@@ -33,7 +33,7 @@ def test_unknown_keys_suggest_the_nearest_valid_key(tmp_path):
 def test_bad_values_name_the_key():
     with pytest.raises(ConfigError, match="train.steps.*integer"):
         build_config(parse_override("train.steps=abc"))
-    modes = "resize, resize_crop, pad_crop, stretch_crop"
+    modes = "resize, resize_crop, pad_crop, stretch_crop, short_crop"
     with pytest.raises(ConfigError, match=f"data.test_resize must be one of {modes}, got 'stretch'"):
         build_config(parse_override("data.test_resize=stretch"))
     with pytest.raises(ConfigError, match="data.train_pad must be one of size, square, stretch, got 'mirror'"):

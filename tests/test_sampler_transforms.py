@@ -127,6 +127,26 @@ def test_pad_crop_keeps_the_aspect_ratio_and_pads_the_shorter_side():
     assert ResizeForTest(32, "resize")(white).min() == 1.0
 
 
+def test_short_crop_scales_the_shorter_side_and_crops_the_longer():
+    """torchvision's Resize(256) + CenterCrop(224) at size 32: a 40 x 80 image becomes 37 x 74 (shorter side
+    37 = round(256/224 x 32)), then its centre 32 x 32. A white 20 x 20 square at the image's centre stays a
+    square (about 18 x 18); ``resize_crop`` squashes the 2:1 image, and the square, to half its width."""
+    image = np.zeros((40, 80, 3), dtype=np.uint8)
+    image[10:30, 30:50] = 255
+
+    def white_extent(out: torch.Tensor) -> tuple[int, int]:
+        white = out[0] > 0.5
+        return int(white.any(dim=1).sum()), int(white.any(dim=0).sum())  # rows, columns
+
+    out = ResizeForTest(32, "short_crop")(image)
+    rows, columns = white_extent(out)
+    assert out.shape == (3, 32, 32) and 17 <= rows <= 20 and abs(rows - columns) <= 1
+    rows, columns = white_extent(ResizeForTest(32, "resize_crop")(image))
+    assert abs(columns - rows / 2) <= 1.5
+    tall = ResizeForTest(32, "short_crop")(np.full((80, 40, 3), 255, np.uint8))
+    assert tall.min() == 1.0  # the shorter side fills the crop: nothing padded
+
+
 def test_square_train_padding_moves_the_crop_across_the_padding():
     """ABE's training preprocessing: a white 40 x 80 image, longer side 48 (1.5 x 32): padded to 32 rows the
     white band (24 rows) always sits at the same height; padded to a 48 x 48 square, the random crop moves it."""

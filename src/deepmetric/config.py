@@ -22,7 +22,7 @@ KNN_ENGINES = ("auto", "torch", "numpy", "faiss", "cuda")
 """Engines of the exact kNN (evaluation/knn.py)."""
 TRAIN_PAD_MODES = ("size", "square", "stretch")
 """``data.train_pad`` choices (data/transforms.py)."""
-TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop", "stretch_crop")
+TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop", "stretch_crop", "short_crop")
 """``data.test_resize`` choices (data/transforms.py)."""
 LR_SCHEDULES = ("constant", "cosine", "step")
 """``train.lr_schedule`` choices (training/optim.py)."""
@@ -49,8 +49,9 @@ class DataConfig:
     test_resize: str = "resize"
     """``resize`` (squash to image_size, the thesis), ``resize_crop`` (resize to 1.144x, centre crop,
     the HORDE authors' code), ``pad_crop`` (longer side to 256/224 x keeping the aspect ratio, pad to a
-    square, centre crop: ABE) or ``stretch_crop`` (both sides to 256/224 x, centre crop: ABE's cropped
-    Cars-196)."""
+    square, centre crop: ABE), ``stretch_crop`` (both sides to 256/224 x, centre crop: ABE's cropped
+    Cars-196) or ``short_crop`` (shorter side to 256/224 x keeping the aspect ratio, centre crop: torchvision's
+    Resize(256) + CenterCrop(224), the DGML code)."""
     classes_per_batch: int = 5
     """P of the P x K batch."""
     samples_per_class: int = 8

@@ -9,8 +9,10 @@ the aspect ratio is not kept), then a horizontal flip with probability 1/2. Test
 resize to ``size x size`` (``resize``, the thesis), resize to ``ceil(1.144 size)`` and centre-crop ``size``
 (``resize_crop``, the HORDE authors' code), scale the longer side to ``round(256/224 size)`` keeping the
 aspect ratio, pad the shorter side to a square and centre-crop ``size`` (``pad_crop``, ABE §4: 256 -> 224),
-or resize both sides to ``round(256/224 size)`` and centre-crop ``size`` (``stretch_crop``, ABE §4 for the
-cropped Cars-196: "256x256 scaled cropped images").
+resize both sides to ``round(256/224 size)`` and centre-crop ``size`` (``stretch_crop``, ABE §4 for the
+cropped Cars-196: "256x256 scaled cropped images"), or scale the shorter side to ``round(256/224 size)``
+keeping the aspect ratio and centre-crop ``size`` (``short_crop``: torchvision's ``Resize(256)`` +
+``CenterCrop(224)``, the DGML authors' code).
 
 Every random draw comes from the seed passed with the sample, so a batch is a pure function of the run
 seed and the step: resumed runs and data-loader workers see exactly the same pixels.
@@ -44,6 +46,12 @@ def _resize_longer(image: torch.Tensor, longer: int) -> torch.Tensor:
     scale = longer / max(height, width)
     size = [max(1, round(height * scale)), max(1, round(width * scale))]
     return F.resize(image, size, antialias=True)
+
+
+def _resize_shorter(image: torch.Tensor, shorter: int) -> torch.Tensor:
+    height, width = image.shape[-2:]
+    scale = shorter / min(height, width)
+    return F.resize(image, [max(shorter, round(height * scale)), max(shorter, round(width * scale))], antialias=True)
 
 
 def _pad_to(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -87,8 +95,8 @@ class TrainTransform:
 
 
 class TestTransform:
-    """Deterministic test-time resizing: ``resize``, ``resize_crop``, ``pad_crop`` or ``stretch_crop`` (module
-    docstring)."""
+    """Deterministic test-time resizing: ``resize``, ``resize_crop``, ``pad_crop``, ``stretch_crop`` or
+    ``short_crop`` (module docstring)."""
 
     def __init__(self, size: int, mode: str = "resize"):
         if mode not in TEST_RESIZE_MODES:
@@ -106,6 +114,8 @@ class TestTransform:
                 max(self.size, round(self.size * ABE_TEST_SCALE))
             if self.mode == "pad_crop":  # the aspect ratio kept, the shorter side padded
                 tensor = _pad_to(_resize_longer(tensor, side), side)
+            elif self.mode == "short_crop":  # the aspect ratio kept, the longer side cropped
+                tensor = _resize_shorter(tensor, side)
             else:  # resize_crop, stretch_crop: squashed to a square
                 tensor = F.resize(tensor, [side, side], antialias=True)
             tensor = F.center_crop(tensor, [self.size, self.size])

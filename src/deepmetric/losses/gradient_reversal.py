@@ -1,6 +1,10 @@
 """The gradient-reversal layer (Ganin et al., JMLR 2016), which turns DeML's max-min game (eq. 4) into one
 minimisation: forward ``GRL(x) = x``, backward ``dL/dx <- -lambda dL/dx``. Everything before the layer then
-descends ``-lambda L`` while everything after it descends ``L``."""
+descends ``-lambda L`` while everything after it descends ``L``.
+
+DeML uses a constant lambda = 1 here. The DeML authors' ``gradients_reverse_layer`` ramps it as Ganin's
+schedule, ``2 / (1 + exp(-10 p)) - 1`` with p the training progress over 10k iterations; the paper does not
+mention it, and it is not reproduced (docs/reproduce.md)."""
 
 from __future__ import annotations
 

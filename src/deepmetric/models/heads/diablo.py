@@ -9,8 +9,10 @@ Options: ``selection`` ``dimension`` (eq. 10-13, the paper's best) or ``feature`
 inception 4a-4e, psi = scales 4-5 shared across maps) or ``post`` (eq. 1-2: F = up to pool4, phi and psi =
 separate copies of inception 5a-5b); ``num_entries`` N in {2, 4, 8, 16}; ``alpha``.
 
-Decisions where the papers are silent: alpha is not given; the default 10 makes the softmax over N
-entries of cosines in [-1, 1] clearly peaked but not one-hot (ablated on the demo data in docs/results.md).
+Decisions where the papers are silent: alpha is not given ("a hyper-parameter to control the hardness of the
+assignment", §3.3). The default 10 is a placeholder no benchmark has validated: at initialisation, cosines of
+the m-dimensional phi features with random directions are small (std ~ 1/sqrt(m)), so the maps start close
+to uniform; on the demo data alpha = 30 did better (docs/results.md's ablation).
 The dictionary is initialised from a standard normal (random directions; cosine is scale-free). Each
 branch has its own embedding layer ("an embedding layer for each branch", §3.1; same parameter count as
 one shared C x D layer); ``shared_embedding=True`` shares it as ABE does.
