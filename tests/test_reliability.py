@@ -96,6 +96,34 @@ def test_training_stops_with_one_message_or_skips_and_lists(tmp_path):
     assert len(listed) == 4 and all(": " in line for line in listed)
 
 
+def test_a_test_image_left_out_of_a_benchmark_stops_unless_told_and_is_recorded(tmp_path, monkeypatch):
+    """--skip-bad-images must not quietly evaluate on fewer test images than the protocol's: the published test
+    sizes are checked again once bad items are left out (data.check_counts=false goes on, and the test
+    record's published_test_sizes says false). A bad *training* image leaves the test protocol whole."""
+    from deepmetric.data import benchmarks
+    from deepmetric.data.table import test_sizes_match
+    from deepmetric.training.setup import load_table
+    from test_loaders import make_cub
+
+    base = make_cub(tmp_path, per_class=3)  # 9 training and 9 test images
+    monkeypatch.setitem(benchmarks.PUBLISHED, "cub", {"train": 9, "test": 9})
+    test_image = base / "images" / "150.Bird_150" / "Bird_150_0000.jpg"
+    good = test_image.read_bytes()
+    test_image.write_bytes(b"not a jpeg")
+    config = tiny_config(data={"spec": f"cub:{tmp_path}", "skip_bad_images": True})
+    with pytest.raises(DataError, match=r"once its bad images were left out .*test: expected 9, found 8"):
+        load_table(config, only_split="test")
+    config.data.check_counts = False
+    table, bad = load_table(config, only_split="test")
+    assert table.count("test") == 8 and len(bad) == 1 and test_sizes_match(table) is False
+
+    test_image.write_bytes(good)
+    (base / "images" / "002.Bird_2" / "Bird_2_0001.jpg").write_bytes(b"")
+    config.data.check_counts = True
+    table, bad = load_table(config)
+    assert table.count("train") == 8 and table.count("test") == 9 and test_sizes_match(table) is True
+
+
 def test_missing_files_duplicates_and_single_image_classes(tmp_path):
     from deepmetric.data.table import RetrievalDataset
 

@@ -13,7 +13,7 @@ import torch
 
 from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
-from .data.table import RetrievalDataset
+from .data.table import RetrievalDataset, test_sizes_match
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, split_metrics
 from .evaluation.knn import resolve_engine
@@ -57,7 +57,8 @@ def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, s
     """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``,
     and the machine, software and kNN engine that computed them."""
     return {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
-            "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"), **results,
+            "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
+            "published_test_sizes": test_sizes_match(table), **results,
             "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
             "environment": environment(device, knn_engine=resolve_engine(config.eval.engine))}
 

@@ -15,8 +15,8 @@ ignored: the DML protocol splits by class. ``crop=True`` (specs ``cub-cropped:PA
 ABE Table 5) gives every image its bounding box, so the table returns the box's pixels: CUB's
 ``bounding_boxes.txt`` (``id x y width height``, taken as 0-based pixels: box (x, y, x + width, y + height))
 and Cars' ``bbox_x1..bbox_y2`` (MATLAB's 1-based inclusive pixels: box (x1 - 1, y1 - 1, x2, y2)).
-Each loader accepts the data set's own folder or its parent, and the common flattened variants (e.g.
-In-Shop's partition file beside ``img/``).
+Each loader accepts the data set's own folder (CUB's and SOP's also their parent folder), and the common
+flattened variants (e.g. In-Shop's partition file beside ``img/``).
 """
 
 from __future__ import annotations

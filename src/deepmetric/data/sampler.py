@@ -5,7 +5,8 @@ uninterrupted run would, and each rank of a distributed run takes its own contig
 same global batch.
 
 Coverage follows the authors' generator: in each epoch the classes are shuffled and consumed P at a
-time, so every class appears once per epoch; a class's images are read in disjoint chunks of a
+time, so a class appears at most once per epoch (the ``len(classes) mod P`` classes left at the end of a
+shuffle sit that epoch out, a different set after each reshuffle); a class's images are read in disjoint chunks of a
 per-class shuffled cycle, so a batch holds K distinct images of a class that has them, and a class
 with fewer than K images repeats its images as evenly as possible (each at most ``ceil(K / n)`` times).
 Classes with a single image give no positive pair and are left out (as in the authors' code).

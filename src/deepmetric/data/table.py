@@ -129,18 +129,49 @@ def check_paths_exist(name: str, paths: list[str], root: Path | str) -> None:
         raise DataError(f"{name}: {len(missing):,} image(s) listed under {root} do not exist:\n  {shown}{more}")
 
 
-def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:
-    """Compare split sizes with the published ones; ``enabled=False`` records the mismatch instead."""
+TEST_COUNTS = ("test", "query", "gallery")  # the published sizes the evaluation protocol depends on
+
+
+def count_mismatches(table: RetrievalDataset, expected: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """``{split: (published, found)}`` for every size of ``expected`` that ``table`` does not have."""
     found = {
         "train": table.count("train") + table.count("val"),
         "test": table.count("test"),
         "query": int((table.is_query & (table.splits == "test")).sum()),
         "gallery": int((table.is_gallery & (table.splits == "test")).sum()),
     }
-    wrong = {k: (v, found[k]) for k, v in expected.items() if found[k] != v}
+    return {k: (v, found[k]) for k, v in expected.items() if found[k] != v}
+
+
+def test_sizes_match(table: RetrievalDataset) -> bool | None:
+    """Whether the test split has its published sizes (None for data sets without published sizes)."""
+    expected = table.meta.get("published_counts")
+    if not expected:
+        return None
+    return not count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
+
+
+def recheck_test_counts(table: RetrievalDataset, enabled: bool) -> None:
+    """After rows were left out (``data.skip_bad_images``): the test split's published sizes again, so that an
+    evaluation on fewer test images than the protocol's stops (``enabled=False``: goes on; the test record
+    says so). Training images left out do not change the protocol's test and are not checked."""
+    expected = table.meta.get("published_counts")
+    if enabled and expected and "test" in set(table.splits.tolist()):
+        wrong = count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
+        _refuse(f"{table.name}, once its bad images were left out (data.skip_bad_images),", wrong)
+
+
+def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:
+    """Compare split sizes with the published ones; ``enabled=False`` records the mismatch instead."""
+    wrong = count_mismatches(table, expected)
     table.meta["published_counts"] = expected
     table.meta["counts_match"] = not wrong
-    if wrong and enabled:
+    if enabled:
+        _refuse(name, wrong)
+
+
+def _refuse(name: str, wrong: dict[str, tuple[int, int]]) -> None:
+    if wrong:
         detail = ", ".join(f"{k}: expected {e:,}, found {f:,}" for k, (e, f) in wrong.items())
         raise DataError(f"{name}: split sizes differ from the published ones ({detail}); results would not "
                         "be comparable with the papers. Pass data.check_counts=false to use it anyway.")

@@ -11,7 +11,7 @@ import torch
 from ..config import RunConfig
 from ..data import load_dataset
 from ..data.audit import BadItem, check_table
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalDataset, recheck_test_counts
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
 from ..evaluation.knn import resolve_engine
@@ -50,7 +50,10 @@ def load_table(config: RunConfig, progress: bool = False,
         table = table.split(only_split)
     if not d.check_images:
         return table, []
-    return check_table(table, d.skip_bad_images, progress)
+    checked, bad = check_table(table, d.skip_bad_images, progress)
+    if len(checked) < len(table):  # bad items left out: the test split may no longer be the protocol's
+        recheck_test_counts(checked, d.check_counts)
+    return checked, bad
 
 
 def build_model(config: RunConfig) -> Embedder:
