@@ -158,7 +158,7 @@ def recheck_test_counts(table: RetrievalDataset, enabled: bool) -> None:
     expected = table.meta.get("published_counts")
     if enabled and expected and "test" in set(table.splits.tolist()):
         wrong = count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
-        _refuse(f"{table.name}, once its bad images were left out (data.skip_bad_images),", wrong)
+        _refuse(f"{table.name} once its bad images were left out (data.skip_bad_images)", wrong)
 
 
 def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:
