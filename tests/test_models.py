@@ -185,3 +185,31 @@ def test_lite0_imagenet_weights_classify_a_real_photo():
             top5 = model(((x - mean[:, None, None]) / std[:, None, None])[None]).topk(5).indices[0]
         names = {info.index_to_description(int(i)) for i in top5}
         assert names & plausible, f"{name}: top-5 {names}"
+
+
+def test_freeze_bn_stats_keeps_the_statistics_and_trains_the_affine_parameters():
+    """``freeze_bn: stats`` (the DGML code's ResNet-50): every BatchNorm normalises with its running statistics in
+    training too, and they never move, while its weight and bias get gradients; ``true`` freezes both (timm's
+    FrozenBatchNorm2d, no parameters), ``false`` neither."""
+    from deepmetric.models.backbones import StatsFrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    stats = create_model("tiny", pretrained=False, embedding_dim=8, freeze_bn="stats")
+    norms = [m for m in stats.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(isinstance(m, StatsFrozenBatchNorm2d) for m in norms)
+    before = [m.running_mean.clone() for m in norms]
+    images = torch.rand(4, 3, 16, 16)
+    stats.train()
+    assert not any(m.training for m in norms)  # stays in eval mode
+    out = stats(images).embedding
+    out.sum().backward()
+    assert all(torch.equal(m.running_mean, b) for m, b in zip(norms, before, strict=True))
+    assert all(m.weight.grad is not None and m.bias.grad is not None for m in norms)
+    stats.eval()
+    assert torch.allclose(stats(images).embedding, out.detach(), atol=1e-6)  # the same normalisation
+    frozen = create_model("tiny", pretrained=False, embedding_dim=8, freeze_bn=True)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in frozen.modules())
+    affine = sum(m.weight.numel() + m.bias.numel() for m in norms)
+    assert sum(p.numel() for p in frozen.parameters()) == sum(p.numel() for p in stats.parameters()) - affine
+    training = create_model("tiny", pretrained=False, embedding_dim=8, freeze_bn=False).train()
+    assert any(isinstance(m, torch.nn.BatchNorm2d) and m.training for m in training.modules())

@@ -82,7 +82,9 @@ class ModelConfig:
     """Allow ``weights`` to be a legacy pickled torch file (read with torch's restricted unpickler)."""
     split: str | None = None
     """Where the backbone is cut into trunk and tail; None lets the head choose."""
-    freeze_bn: bool = True
+    freeze_bn: bool | str = True
+    """BatchNorm in the backbone: true freezes its statistics and affine parameters (timm's FrozenBatchNorm2d),
+    ``stats`` its statistics only (the affine weight and bias train: the DGML code's ResNet-50), false neither."""
     head: str = "gap"
     embedding_dim: int = 512
     head_options: dict[str, Any] = field(default_factory=dict)
@@ -358,6 +360,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.test_resize must be one of {', '.join(TEST_RESIZE_MODES)}, got '{d.test_resize}'")
     if d.train_pad not in TRAIN_PAD_MODES:
         raise ConfigError(f"data.train_pad must be one of {', '.join(TRAIN_PAD_MODES)}, got '{d.train_pad}'")
+    if config.model.freeze_bn not in (True, False, "stats"):
+        raise ConfigError(f"model.freeze_bn must be true, false or stats, got {config.model.freeze_bn!r}")
     if d.classes_per_batch < 2:
         raise ConfigError("data.classes_per_batch must be at least 2 (a batch needs negatives)")
     if d.samples_per_class < 2:

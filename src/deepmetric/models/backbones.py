@@ -282,6 +282,29 @@ def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backb
                               f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
 
 
+class StatsFrozenBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm that always normalises with its running statistics (it stays in eval mode) while its affine
+    weight and bias train: ``freeze_bn: stats``, the DGML code's ``resnet50_frozen_normalize`` (``eval()`` on
+    every BatchNorm). ``freeze_bn: true`` freezes the affine parameters too (timm's FrozenBatchNorm2d)."""
+
+    def train(self, mode: bool = True) -> StatsFrozenBatchNorm2d:
+        return super().train(False)
+
+
+def freeze_batch_norm_stats(module: nn.Module) -> nn.Module:
+    """``module`` with every BatchNorm2d replaced by a ``StatsFrozenBatchNorm2d`` holding the same state."""
+    if isinstance(module, nn.BatchNorm2d):
+        frozen = StatsFrozenBatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                                        module.track_running_stats)
+        frozen.load_state_dict(module.state_dict())
+        return frozen.eval()
+    for name, child in module.named_children():
+        replaced = freeze_batch_norm_stats(child)
+        if replaced is not child:
+            setattr(module, name, replaced)
+    return module
+
+
 def check_backbone_name(name: str) -> None:
     """A backbone we build, or ``timm:<name>`` (config validation; timm's own names are checked when built)."""
     if not name.startswith("timm:") and name not in BUILDERS:
@@ -290,8 +313,9 @@ def check_backbone_name(name: str) -> None:
 
 
 def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
-                    freeze_bn: bool = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
-    """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage)."""
+                    freeze_bn: bool | str = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
+    """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage). ``freeze_bn``:
+    true freezes BatchNorm's statistics and affine parameters, ``"stats"`` its statistics only, false neither."""
     check_backbone_name(name)
     if name.startswith("timm:"):
         model, stages, mean, std, bgr = _timm(name[len("timm:"):], pretrained)
@@ -299,7 +323,9 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
         model, stages, mean, std, bgr = BUILDERS[name](pretrained)
     if weights:
         _load_weights(model, weights, trust_pickle, name)
-    if freeze_bn:
+    if freeze_bn == "stats":
+        stages = [(n, freeze_batch_norm_stats(m), c, s) for n, m, c, s in stages]
+    elif freeze_bn:
         from timm.layers import freeze_batch_norm_2d
 
         stages = [(n, freeze_batch_norm_2d(m), c, s) for n, m, c, s in stages]

@@ -78,12 +78,13 @@ class Embedder(nn.Module):
 
 
 def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, pretrained: bool = True,
-                 split: str | None = None, freeze_bn: bool = True, weights: str | None = None,
+                 split: str | None = None, freeze_bn: bool | str = True, weights: str | None = None,
                  trust_pickle: bool = False, **head_options: Any) -> Embedder:
     """Build an ``Embedder``: ``create_model(backbone="lite0", head="gap", embedding_dim=512)``.
 
     ``split`` cuts the backbone into trunk and tail (None lets the head choose); ``freeze_bn`` turns
-    BatchNorm into fixed affine layers (the usual choice with small P x K batches); ``weights`` loads a
+    BatchNorm into fixed affine layers (the usual choice with small P x K batches; ``"stats"`` fixes only its
+    statistics, its weight and bias train); ``weights`` loads a
     safetensors file of backbone weights (a pickled torch file only with ``trust_pickle``); other keywords
     are the head's options.
     """
