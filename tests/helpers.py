@@ -43,3 +43,12 @@ def tiny_config(**sections):
     for section, values in sections.items():
         base.setdefault(section, {}).update(values)
     return build_config(base)
+
+
+def record_audited_splits(monkeypatch) -> list[set[str]]:
+    """Make the image audit record the splits of every table it checks (in call order); returns that list."""
+    import deepmetric.training.setup as setup
+
+    audited, check = [], setup.check_table
+    monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
+    return audited

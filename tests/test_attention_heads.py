@@ -307,11 +307,10 @@ def test_attention_heads_refuse_backbones_without_a_layout():
 @pytest.mark.parametrize("head_options", [("diablo", {"num_entries": 2}), ("abe", {"num_learners": 2}),
                                           ("mheads", {"num_heads": 2})])
 def test_heads_train_resume_and_reload_through_the_run_directory(tmp_path, head_options, monkeypatch):
-    import deepmetric.training.setup as setup
     from deepmetric.training import train
     from deepmetric.training.checkpoint import load_checkpoint, save_checkpoint
     from deepmetric.workflows import evaluate_all_embeddings, evaluate_run
-    from helpers import tiny_config
+    from helpers import record_audited_splits, tiny_config
 
     head, options = head_options
     config = tiny_config(model={"head": head, "head_options": options}, train={"steps": 2})
@@ -320,8 +319,7 @@ def test_heads_train_resume_and_reload_through_the_run_directory(tmp_path, head_
     assert 0 <= record["metrics"]["recall@1"] <= 1
     log = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert ('"divergence"' in log) == (head == "abe")
-    audited, check = [], setup.check_table
-    monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
+    audited = record_audited_splits(monkeypatch)
     rows = evaluate_all_embeddings(tmp_path / "run", progress=False)["embeddings"]
     assert audited == [{"test"}]  # no PCA: the training images are not read
     assert rows["embedding"] == record["metrics"]  # the same checkpoint, split and kNN engine

@@ -265,10 +265,9 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monke
     assert np.array_equal(alone, attached["embedding"])
     assert list(attached) == ["embedding", "horde.order2", "horde.order3"]
 
-    import deepmetric.training.setup as setup
+    from helpers import record_audited_splits
 
-    audited, check = [], setup.check_table
-    monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
+    audited = record_audited_splits(monkeypatch)
     capsys.readouterr()
     assert main(["evaluate", str(out), "--all-embeddings", "--pca-dim", "8", "--json", "--quiet"]) == 0
     assert audited == [{"test"}, {"train"}]

@@ -70,6 +70,13 @@ def machine(device: str | torch.device = "cpu") -> dict[str, Any]:
     return record
 
 
+def evaluation_environment(device: str | torch.device, engine: str) -> dict[str, Any]:
+    """``environment`` of a test evaluation: with the kNN engine that ``engine`` (e.g. ``auto``) resolves to."""
+    from .evaluation.knn import resolve_engine
+
+    return environment(device, knn_engine=resolve_engine(engine))
+
+
 def environment(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
     """One record: the time, the software (and deepmetric's commit), the machine and ``extra``."""
     return {"at": time.strftime("%Y-%m-%d %H:%M:%S"), **software(),

@@ -16,9 +16,8 @@ from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalDataset, test_sizes_match
 from .errors import CheckpointError, ConfigError, DataError, did_you_mean
 from .evaluation import embed_table, split_metrics
-from .evaluation.knn import resolve_engine
 from .evaluation.table import format_table
-from .provenance import environment
+from .provenance import evaluation_environment
 from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, unprefixed
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
@@ -60,7 +59,7 @@ def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, s
             "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
             "published_test_sizes": test_sizes_match(table), **results,
             "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "environment": environment(device, knn_engine=resolve_engine(config.eval.engine))}
+            "environment": evaluation_environment(device, config.eval.engine)}
 
 
 def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: int = 512,

@@ -143,22 +143,26 @@ def count_mismatches(table: RetrievalDataset, expected: dict[str, int]) -> dict[
     return {k: (v, found[k]) for k, v in expected.items() if found[k] != v}
 
 
-def test_sizes_match(table: RetrievalDataset) -> bool | None:
-    """Whether the test split has its published sizes (None for data sets without published sizes)."""
+def _test_mismatches(table: RetrievalDataset) -> dict[str, tuple[int, int]] | None:
+    """``count_mismatches`` of the test-side published sizes (None for data sets without published sizes)."""
     expected = table.meta.get("published_counts")
     if not expected:
         return None
-    return not count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
+    return count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
+
+
+def test_sizes_match(table: RetrievalDataset) -> bool | None:
+    """Whether the test split has its published sizes (None for data sets without published sizes)."""
+    wrong = _test_mismatches(table)
+    return None if wrong is None else not wrong
 
 
 def recheck_test_counts(table: RetrievalDataset, enabled: bool) -> None:
     """After rows were left out (``data.skip_bad_images``): the test split's published sizes again, so that an
     evaluation on fewer test images than the protocol's stops (``enabled=False``: goes on; the test record
     says so). Training images left out do not change the protocol's test and are not checked."""
-    expected = table.meta.get("published_counts")
-    if enabled and expected and "test" in set(table.splits.tolist()):
-        wrong = count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
-        _refuse(f"{table.name} once its bad images were left out (data.skip_bad_images)", wrong)
+    if enabled and "test" in set(table.splits.tolist()):
+        _refuse(f"{table.name} once its bad images were left out (data.skip_bad_images)", _test_mismatches(table) or {})
 
 
 def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:

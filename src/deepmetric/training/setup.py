@@ -14,9 +14,8 @@ from ..data.audit import BadItem, check_table
 from ..data.table import RetrievalDataset, recheck_test_counts
 from ..errors import DeepMetricError
 from ..evaluation import evaluate
-from ..evaluation.knn import resolve_engine
 from ..models import Embedder, create_model
-from ..provenance import environment
+from ..provenance import evaluation_environment
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -76,4 +75,4 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
                        config.eval.engine)
     pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
     return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics,
-            "environment": environment(device, knn_engine=resolve_engine(config.eval.engine))}
+            "environment": evaluation_environment(device, config.eval.engine)}
