@@ -48,7 +48,7 @@ class CountingRegularizer(nn.Module):
 def counting_regularizer():
     register_regularizer("counting", CountingRegularizer)
     yield
-    REGULARIZERS.pop("counting")
+    REGULARIZERS.unregister("counting")
 
 
 def test_regularizers_are_weighted_and_logged(counting_regularizer):

@@ -15,9 +15,14 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+
 import numpy as np
 
-from ..errors import DataError, did_you_mean
+from ..errors import DataError
+from ..registry import Registry
 from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
@@ -25,23 +30,33 @@ from .sampler import PKSampler
 from .table import RetrievalDataset, check_paths_exist
 from .transforms import TestTransform, TrainTransform
 
-LOADERS = ("glyphs", "fashion-mnist", "digits", "folder", "csv", "cub", "cars", "sop", "inshop", "cub-cropped",
-           "cars-cropped")
-NEEDS_PATH = ("folder", "csv", "cub", "cars", "sop", "inshop", "cub-cropped", "cars-cropped")
+DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry("data set", provided=("path", "seed", "check"),
+                                                              error=DataError)
+"""Loaders by spec name: ``loader(path, seed=, check=)`` (each takes those of the three it uses); a loader
+whose ``path`` has no default needs ``NAME:PATH``."""
+for _name, _loader in {"glyphs": load_glyphs, "fashion-mnist": load_fashion_mnist, "digits": load_digits,
+                       "folder": load_folder, "csv": load_csv, "cub": load_cub, "cars": load_cars, "sop": load_sop,
+                       "inshop": load_inshop, "cub-cropped": functools.partial(load_cub, crop=True),
+                       "cars-cropped": functools.partial(load_cars, crop=True)}.items():
+    DATASETS.register(_name, _loader)
 
 __all__ = [
-    "GLYPH_CHARS", "LOADERS", "PKSampler", "RetrievalDataset", "TestTransform", "TrainTransform",
+    "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "TestTransform", "TrainTransform",
     "build_glyphs", "carve_validation", "load_dataset",
 ]
+
+
+def needs_path(name: str) -> bool:
+    """Whether data set ``name`` must be given as ``name:PATH`` (its loader's ``path`` has no default); an unknown
+    name is refused with the nearest valid one."""
+    parameter = inspect.signature(DATASETS.get(name)).parameters.get("path")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
     name, _, path = spec.partition(":")
     name = name.strip().lower()
-    if name not in LOADERS:
-        raise DataError(f"unknown data set '{name}'{did_you_mean(name, LOADERS)}; expected one of "
-                        f"{', '.join(LOADERS)} (folder, csv and the benchmarks take :PATH)")
-    if name in NEEDS_PATH and not path:
+    if needs_path(name) and not path:
         raise DataError(f"data set '{name}' needs a path: {name}:PATH")
     return name, (path or None)
 
@@ -72,20 +87,7 @@ def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fra
     off because its audit, ``data.audit``, reports missing files together with every other problem).
     """
     name, path = parse_spec(spec)
-    if name == "glyphs":
-        table = load_glyphs(path, seed=seed)
-    elif name == "fashion-mnist":
-        table = load_fashion_mnist(path)
-    elif name == "digits":
-        table = load_digits()
-    elif name == "folder":
-        table = load_folder(path)
-    elif name == "csv":
-        table = load_csv(path)
-    else:
-        base, _, cropped = name.partition("-")
-        loader = {"cub": load_cub, "cars": load_cars, "sop": load_sop, "inshop": load_inshop}[base]
-        table = loader(path, check=check_counts, **({"crop": True} if cropped else {}))
+    table = DATASETS.build(name, path=path, seed=seed, check=check_counts)
     table.meta["spec"] = spec
     if check_files and not table.in_memory:
         check_paths_exist(table.name, [str(p) for p in table.images], path or table.name)

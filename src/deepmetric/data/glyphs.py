@@ -166,9 +166,10 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     return root
 
 
-def load_glyphs(root: Path | None = None, seed: int = 0, build: bool = True) -> RetrievalDataset:
-    """Load (building first if needed) the glyphs table; a seeded random half of the characters trains."""
-    root = Path(root) if root is not None else data_home() / "glyphs"
+def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = True) -> RetrievalDataset:
+    """Load (building first if needed) the glyphs table from folder ``path`` (default: the data home's
+    ``glyphs``); a seeded random half of the characters trains."""
+    root = Path(path) if path is not None else data_home() / "glyphs"
     meta_path = root / "meta.json"
     if not meta_path.is_file():
         if not build:

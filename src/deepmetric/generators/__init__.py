@@ -20,50 +20,21 @@ built with the options of ``generator.options`` and, when its constructor asks f
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
-from ..errors import ConfigError, did_you_mean
+from ..registry import Registry
 from .base import GeneratedBatch, Generator
 from .mirage import MirageGenerator
 
 PROVIDED = ("head", "num_classes", "batch_size", "lr", "seed")
 
+GENERATORS: Registry[type[Generator]] = Registry("generator", provided=PROVIDED)
+GENERATORS.register("mirage", MirageGenerator)  # thesis ch. 6
 
-GENERATORS: dict[str, type[Generator]] = {}
-
-
-def register_generator(name: str, cls: type[Generator]) -> type[Generator]:
-    GENERATORS[name] = cls
-    return cls
-
-
-def _accepted(name: str) -> tuple[type[Generator], list[str]]:
-    if name not in GENERATORS:
-        known = ", ".join(GENERATORS) or "none registered"
-        raise ConfigError(f"unknown generator '{name}'{did_you_mean(name, GENERATORS)}; known: {known}")
-    cls = GENERATORS[name]
-    return cls, [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", *PROVIDED)]
-
-
-def check_generator_options(name: str, options: dict[str, Any]) -> None:
-    """Unknown generator names and options are named, with the valid ones (config validation)."""
-    _, accepted = _accepted(name)
-    for key in options or {}:
-        if key not in accepted:
-            raise ConfigError(f"generator '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options "
-                              f"are: {', '.join(accepted)}")
-
-
-def build_generator(name: str, options: dict[str, Any], **provided: Any) -> Generator:
-    """Build generator ``name`` with ``options`` plus the provided values its constructor asks for."""
-    check_generator_options(name, options)
-    cls, _ = _accepted(name)
-    parameters = inspect.signature(cls.__init__).parameters
-    return cls(**dict(options or {}), **{k: v for k, v in provided.items() if k in parameters})
-
-
-register_generator("mirage", MirageGenerator)
+register_generator = GENERATORS.register
+check_generator_options = GENERATORS.check
+"""Unknown generator names and options are named, with the valid ones (config validation)."""
+build_generator = GENERATORS.build
+"""``build_generator(name, options, **provided)``: the generator with ``options`` plus the provided values
+(``head``, ``num_classes``, ``batch_size``, ``lr``, ``seed``) its constructor asks for."""
 
 __all__ = ["GENERATORS", "GeneratedBatch", "Generator", "MirageGenerator", "build_generator",
            "check_generator_options", "register_generator"]

@@ -9,18 +9,17 @@
 | ``multi-similarity`` | Wang et al. 2019, eq. 2.20 | alpha 2, beta 50, base 0.5, mining |
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
 
-Regularisers (``loss.regularizers.<name>``): ``diversity`` (DGML eq. 4, ``diversity.py``), ``horde``
-(``horde.py``, thesis ch. 5).
+Regularisers (``loss.regularizers.<name>``) have their own table in ``regularizers.py``.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError, did_you_mean
+from ..models.heads import Head
+from ..registry import Registry
 from .activation_decay import ActivationDecay, LearnerRowNorm
 from .binomial import BinomialDevianceLoss
 from .contrastive import ContrastiveLoss, EuclideanContrastiveLoss
@@ -34,23 +33,11 @@ from .objective import Objective
 from .regularizers import REGULARIZERS, build_regularizer, check_regularizer_options, register_regularizer
 from .triplet import TripletLoss
 
-register_regularizer("horde", HordeRegularizer)
-
-LOSSES: dict[str, type[nn.Module]] = {
-    "contrastive": ContrastiveLoss,
-    "contrastive-euclidean": EuclideanContrastiveLoss,
-    "triplet": TripletLoss,
-    "binomial": BinomialDevianceLoss,
-    "multi-similarity": MultiSimilarityLoss,
-    "margin": MarginLoss,
-}
-
-register_regularizer("divergence", ABEDivergenceLoss)
-register_regularizer("diversity", DiversityLoss)
-register_regularizer("deml-adversary", DeMLAdversary)
-register_regularizer("deml-hinge", DeMLPairHinge)
-register_regularizer("activation-decay", ActivationDecay)
-register_regularizer("learner-row-norm", LearnerRowNorm)
+LOSSES: Registry[type[nn.Module]] = Registry("loss", provided=("num_classes",))
+for _name, _cls in {"contrastive": ContrastiveLoss, "contrastive-euclidean": EuclideanContrastiveLoss,
+                    "triplet": TripletLoss, "binomial": BinomialDevianceLoss,
+                    "multi-similarity": MultiSimilarityLoss, "margin": MarginLoss}.items():
+    LOSSES.register(_name, _cls)
 
 __all__ = [
     "LOSSES", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss", "ContrastiveLoss",
@@ -59,44 +46,26 @@ __all__ = [
     "build_regularizer", "check_loss_options", "check_regularizer_options", "register_regularizer",
 ]
 
-
-def check_loss_options(name: str, options: dict[str, Any] | None) -> type[nn.Module]:
-    """The class of metric loss ``name``; an unknown name or option is named with the valid ones."""
-    if name not in LOSSES:
-        raise ConfigError(f"unknown loss '{name}'{did_you_mean(name, LOSSES)}; expected one of {', '.join(LOSSES)}")
-    cls = LOSSES[name]
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "num_classes")]
-    for key in options or {}:
-        if key not in accepted:
-            raise ConfigError(f"loss '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options are: "
-                              f"{', '.join(accepted)}")
-    return cls
+check_loss_options = LOSSES.check
+"""The class of metric loss ``name`` once every option is known (config validation)."""
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
     """Build metric loss ``name``; ``num_classes`` reaches the losses that keep per-class parameters."""
-    cls = check_loss_options(name, options)
-    options = dict(options or {})
-    if "num_classes" in inspect.signature(cls.__init__).parameters:
-        options["num_classes"] = num_classes
-    try:
-        return cls(**options)
-    except TypeError as error:
-        raise ConfigError(f"loss '{name}': {error}") from None
+    return LOSSES.build(name, options, num_classes=num_classes)
 
 
-def build_objective(config: Any, head: nn.Module, num_classes: int | None = None) -> Objective:
+def build_objective(config: Any, head: Head, num_classes: int | None = None) -> Objective:
     """The objective of a run: ``config`` is the ``loss`` section; unset choices take the head's defaults
     (``Head.metric_on``, ``Head.parts_reduction``, ``Head.default_regularizers``)."""
-    on = config.on or getattr(head, "metric_on", "embedding")
-    reduction = config.parts_reduction or getattr(head, "parts_reduction", "mean")
-    copies = getattr(head, "num_parts", 1) if on == "parts" else 1
-    losses = [build_loss(config.name, config.options, num_classes) for _ in range(copies)]
-    specs = config.regularizers if config.regularizers is not None else getattr(head, "default_regularizers", {})
+    on = config.on or head.metric_on
+    reduction = config.parts_reduction or head.parts_reduction
+    specs = config.regularizers if config.regularizers is not None else head.default_regularizers
 
     def metric_loss() -> nn.Module:
         return build_loss(config.name, config.options, num_classes)
 
+    losses = [metric_loss() for _ in range(head.num_parts if on == "parts" else 1)]
     regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
                     for name, options in specs.items()}
     return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes)

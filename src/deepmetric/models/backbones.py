@@ -24,6 +24,7 @@ callers always pass RGB images in [0, 1].
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DeepMetricError, did_you_mean
+from ..registry import Registry
 from .bn_inception import bn_inception_stages, bn_inception_state
 from .inception_v1 import inception_v1_stages
 
@@ -62,6 +64,18 @@ class Backbone:
     stage_channels: dict[str, int]
     """Output channels of every stage, by name."""
     stage_strides: dict[str, int]
+
+
+@dataclass
+class Network:
+    """What a backbone builder returns: the whole network (its state dict is what weight files fill), its stages
+    in order, and its input normalisation (mean/std of [0, 1] RGB pixels; ``bgr`` reverses the channels first)."""
+
+    model: nn.Module
+    stages: list[Stage]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    bgr: bool = False
 
 
 class TimmFeatures(nn.Module):
@@ -117,7 +131,7 @@ def lite0_classifier(pretrained: bool = True) -> nn.Module:
     return model
 
 
-def _lite0(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _lite0(pretrained: bool) -> Network:
     model = lite0_classifier(pretrained)
     stages: list[Stage] = [("stem", nn.Sequential(model.conv_stem, model.bn1), 32, 2)]
     channels, strides = [16, 24, 40, 80, 112, 192, 320], [2, 4, 8, 16, 16, 32, 32]
@@ -125,7 +139,7 @@ def _lite0(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool
         stages.append((f"stage{i + 1}", block, channels[i], strides[i]))
     stages.append(("head", nn.Sequential(model.conv_head, model.bn2), 1280, 32))
     # TensorFlow's EfficientNet-Lite preprocessing: (x - 127) / 128 on 0-255 pixels.
-    return model, stages, (127 / 255,) * 3, (128 / 255,) * 3, False
+    return Network(model, stages, mean=(127 / 255,) * 3, std=(128 / 255,) * 3)
 
 
 def _download_error(name: str, error: Exception) -> DeepMetricError:
@@ -134,7 +148,7 @@ def _download_error(name: str, error: Exception) -> DeepMetricError:
                            "default backbone lite0.")
 
 
-def _googlenet(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _googlenet(pretrained: bool) -> Network:
     from torchvision.models import GoogLeNet_Weights, googlenet
 
     try:
@@ -155,10 +169,10 @@ def _googlenet(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, 
     stages: list[Stage] = [("conv", stem, 192, 8)]
     stages += list(zip(names, modules, channels, strides, strict=True))
     # torchvision's weights expect (x - 0.5) / 0.5 (what its transform_input computes from ImageNet-normalised x).
-    return model, stages, (0.5,) * 3, (0.5,) * 3, False
+    return Network(model, stages, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
-def _inception_v1(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _inception_v1(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("inception-v1 (the original Caffe GoogLeNet) has no pretrained weights here; use "
                           "model.pretrained=false, optionally with model.weights=CONVERTED.safetensors")
@@ -167,20 +181,20 @@ def _inception_v1(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tupl
     for name, module, _, _ in stages:
         model.add_module(name, module)
     # Caffe: BGR, 0-255, minus the ImageNet mean (104, 117, 123).
-    return model, stages, (104 / 255, 117 / 255, 123 / 255), (1 / 255,) * 3, True
+    return Network(model, stages, mean=(104 / 255, 117 / 255, 123 / 255), std=(1 / 255,) * 3, bgr=True)
 
 
-def _bn_inception(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _bn_inception(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("bn-inception has no pretrained weights here; use model.pretrained=false, optionally with "
                           "model.weights=CONVERTED.safetensors (or a .pth with model.trust_pickle=true)")
     stages = bn_inception_stages()
     model = nn.Sequential(OrderedDict((name, module) for name, module, _, _ in stages))
     # Caffe: BGR, 0-255, minus the mean (104, 117, 128) of the converted model.
-    return model, stages, (104 / 255, 117 / 255, 128 / 255), (1 / 255,) * 3, True
+    return Network(model, stages, mean=(104 / 255, 117 / 255, 128 / 255), std=(1 / 255,) * 3, bgr=True)
 
 
-def _resnet50(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _resnet50(pretrained: bool) -> Network:
     from torchvision.models import ResNet50_Weights, resnet50
 
     try:
@@ -194,10 +208,10 @@ def _resnet50(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, b
         ("layer3", model.layer3, 1024, 16),
         ("layer4", model.layer4, 2048, 32),
     ]
-    return model, stages, IMAGENET_MEAN, IMAGENET_STD, False
+    return Network(model, stages, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
-def _tiny(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _tiny(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("the tiny test backbone has no pretrained weights; use model.pretrained=false")
 
@@ -208,10 +222,10 @@ def _tiny(pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]
     stages: list[Stage] = [("stage1", block(3, 8), 8, 2), ("stage2", block(8, 16), 16, 4),
                            ("stage3", block(16, 32), 32, 8)]
     model = nn.Sequential(OrderedDict((name, module) for name, module, _, _ in stages))
-    return model, stages, (0.5,) * 3, (0.5,) * 3, False
+    return Network(model, stages, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
-def _timm(name: str, pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, tuple, bool]:
+def _timm(name: str, pretrained: bool) -> Network:
     import timm
 
     try:
@@ -225,21 +239,20 @@ def _timm(name: str, pretrained: bool) -> tuple[nn.Module, list[Stage], tuple, t
     info = model.feature_info[-1] if getattr(model, "feature_info", None) else {"reduction": 32}
     stages: list[Stage] = [("end", TimmFeatures(model), model.num_features, int(info["reduction"]))]
     cfg = getattr(model, "pretrained_cfg", {}) or {}
-    return model, stages, tuple(cfg.get("mean", IMAGENET_MEAN)), tuple(cfg.get("std", IMAGENET_STD)), False
+    return Network(model, stages, mean=tuple(cfg.get("mean", IMAGENET_MEAN)),
+                   std=tuple(cfg.get("std", IMAGENET_STD)))
 
 
-BUILDERS: dict[str, Callable[[bool], tuple[nn.Module, list[Stage], tuple, tuple, bool]]] = {
-    "lite0": _lite0,
-    "googlenet": _googlenet,
-    "inception-v1": _inception_v1,
-    "bn-inception": _bn_inception,
-    "resnet50": _resnet50,
-    "tiny": _tiny,
-}
+BACKBONES: Registry[Callable[[bool], Network]] = Registry("backbone")
+"""Backbone builders by name: ``builder(pretrained) -> Network``; ``timm:<name>`` is any timm model."""
+for _name, _builder in {"lite0": _lite0, "googlenet": _googlenet, "inception-v1": _inception_v1,
+                        "bn-inception": _bn_inception, "resnet50": _resnet50, "tiny": _tiny}.items():
+    BACKBONES.register(_name, _builder)
+BACKBONES.register_prefix("timm", lambda model_name: functools.partial(_timm, model_name))
 
 
 def backbone_names() -> list[str]:
-    return [*BUILDERS, "timm:<name>"]
+    return BACKBONES.names()
 
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
@@ -307,22 +320,17 @@ def freeze_batch_norm_stats(module: nn.Module) -> nn.Module:
 
 def check_backbone_name(name: str) -> None:
     """A backbone we build, or ``timm:<name>`` (config validation; timm's own names are checked when built)."""
-    if not name.startswith("timm:") and name not in BUILDERS:
-        raise ConfigError(f"unknown backbone '{name}'{did_you_mean(name, BUILDERS)}; expected one of "
-                          f"{', '.join(backbone_names())}")
+    BACKBONES.check(name)
 
 
 def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
                     freeze_bn: bool | str = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
     """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage). ``freeze_bn``:
     true freezes BatchNorm's statistics and affine parameters, ``"stats"`` its statistics only, false neither."""
-    check_backbone_name(name)
-    if name.startswith("timm:"):
-        model, stages, mean, std, bgr = _timm(name[len("timm:"):], pretrained)
-    else:
-        model, stages, mean, std, bgr = BUILDERS[name](pretrained)
+    network = BACKBONES.get(name)(pretrained)
+    stages = network.stages
     if weights:
-        _load_weights(model, weights, trust_pickle, name)
+        _load_weights(network.model, weights, trust_pickle, name)
     if freeze_bn == "stats":
         stages = [(n, freeze_batch_norm_stats(m), c, s) for n, m, c, s in stages]
     elif freeze_bn:
@@ -343,9 +351,9 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
     for stage_name, module, _, _ in stages[cut:]:
         tail.add_module(stage_name, module)
     return Backbone(name=name, trunk=trunk, tail=tail, channels=stages[cut - 1][2], stride=stages[cut - 1][3],
-                    tail_channels=stages[-1][2], tail_stride=stages[-1][3], mean=tuple(mean), std=tuple(std),
-                    bgr=bgr, split=split, split_points=points, stage_channels={n: c for n, _, c, _ in stages},
-                    stage_strides={n: st for n, _, _, st in stages})
+                    tail_channels=stages[-1][2], tail_stride=stages[-1][3], mean=tuple(network.mean),
+                    std=tuple(network.std), bgr=network.bgr, split=split, split_points=points,
+                    stage_channels={n: c for n, _, c, _ in stages}, stage_strides={n: st for n, _, _, st in stages})
 
 
 # Where the attention heads cut each backbone (DIABLO thesis §4.4.7.1, ABE §4): for ``pre``-attention the

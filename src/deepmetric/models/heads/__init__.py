@@ -1,10 +1,10 @@
-"""Head registry: ``HEADS[name]`` is a ``Head`` subclass, built with ``Head.from_backbone``."""
+"""Head registry: ``HEADS`` names every ``Head`` subclass; a head is built with ``Head.from_backbone``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigError, did_you_mean
+from ...registry import Registry
 from ..backbones import Backbone
 from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
@@ -18,37 +18,17 @@ from .second_order import SecondOrderHead
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "check_head_options", "head_class"]
 
-HEADS: dict[str, type[Head]] = {
-    "gap": GAPHead,
-    "diablo": DIABLOHead,
-    "abe": ABEHead,
-    "mheads": MHeadsHead,
-    "dgml": AGroupingHead,
-    "n-grouping": NGroupingHead,
-    "m-grouping": MGroupingHead,
-    "g-grouping": GGroupingHead,
-    "c-grouping": CGroupingHead,
-    "deml": DeMLHead,
-    "bilinear": SecondOrderHead,
-    "jcf": JCFHead,
-}
+HEADS: Registry[type[Head]] = Registry("head", options_of=lambda cls: cls.option_names())
+for _name, _cls in {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead,
+                    "dgml": AGroupingHead, "n-grouping": NGroupingHead, "m-grouping": MGroupingHead,
+                    "g-grouping": GGroupingHead, "c-grouping": CGroupingHead, "deml": DeMLHead,
+                    "bilinear": SecondOrderHead, "jcf": JCFHead}.items():
+    HEADS.register(_name, _cls)
 
-
-def head_class(name: str) -> type[Head]:
-    if name not in HEADS:
-        raise ConfigError(f"unknown head '{name}'{did_you_mean(name, HEADS)}; expected one of {', '.join(HEADS)}")
-    return HEADS[name]
-
-
-def check_head_options(name: str, options: dict[str, Any] | None) -> type[Head]:
-    """The class of head ``name``; an unknown name or option is named with the valid ones (config validation)."""
-    cls = head_class(name)
-    accepted = cls.option_names()
-    for key in options or {}:
-        if key not in accepted:
-            raise ConfigError(f"head '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its options "
-                              f"are: {', '.join(accepted) or 'none'}")
-    return cls
+head_class = HEADS.get
+"""The ``Head`` subclass named ``name``; an unknown name is refused with the nearest valid one."""
+check_head_options = HEADS.check
+"""The class of head ``name`` once every option is known (config validation)."""
 
 
 def build_head(name: str, backbone: Backbone, embedding_dim: int, options: dict[str, Any] | None = None) -> Head:
