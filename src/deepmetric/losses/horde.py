@@ -40,17 +40,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from ..models.heads import HeadOutput
+from ..models.heads import Head, HeadOutput
 from ..models.high_order import HighOrderMoments
 
 
 class HordeRegularizer(nn.Module):
-    def __init__(self, head: nn.Module, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
+    def __init__(self, head: Head, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
                  orders: int = 5, dim: int = 8192, mode: str = "cascaded", embedding_dim: int | None = None,
                  scale: bool = False, seed: int = 0, reduction: str = "sum", loss: str | None = None,
                  loss_options: dict[str, Any] | None = None, reduce_channels: int | None = None):
         super().__init__()
-        channels = getattr(head, "feature_channels", None)
+        channels = head.feature_channels
         if not channels:
             raise ConfigError(f"regularizer 'horde' needs a head that exposes its local feature map "
                               f"(extras['feature_map'] and feature_channels); head {type(head).__name__} does not")
@@ -66,7 +66,7 @@ class HordeRegularizer(nn.Module):
             nn.init.xavier_uniform_(self.reduce.weight)
             channels = reduce_channels
         self.moments = HighOrderMoments(channels, orders=orders, dim=dim, mode=mode, scale=scale, seed=seed)
-        embedding_dim = getattr(head, "embedding_dim", 512) if embedding_dim is None else embedding_dim
+        embedding_dim = head.embedding_dim if embedding_dim is None else embedding_dim
         self.embed = nn.ModuleList(
             nn.Linear(dim, embedding_dim, bias=False) if embedding_dim else nn.Identity() for _ in range(orders - 1))
         if loss is not None:

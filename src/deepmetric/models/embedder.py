@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .backbones import create_backbone
-from .heads import HeadOutput, build_head, head_class
+from .heads import Head, HeadOutput, build_head, head_class
 
 
 class Embedder(nn.Module):
@@ -20,7 +20,7 @@ class Embedder(nn.Module):
     ``create_model`` that rebuild the architecture (saved with every checkpoint).
     """
 
-    def __init__(self, trunk: nn.Module, head: nn.Module, mean: tuple, std: tuple, bgr: bool,
+    def __init__(self, trunk: nn.Module, head: Head, mean: tuple, std: tuple, bgr: bool,
                  spec: dict[str, Any]):
         super().__init__()
         self.trunk = trunk
@@ -33,7 +33,7 @@ class Embedder(nn.Module):
 
     @property
     def embedding_dim(self) -> int:
-        return int(self.head.embedding_dim)
+        return self.head.embedding_dim
 
     def set_channels_last(self, enabled: bool = True) -> Embedder:
         """Store weights and activations channels-last (NHWC): about 2x faster convolutions on CPU."""

@@ -33,10 +33,9 @@ def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) 
         raise ConfigError(f"train.groups names {sorted(unknown)}, but this model's parameter groups are "
                           f"{sorted(params)}")
     base = {"pretrained": config.lr_backbone, "loss": config.lr_loss if config.lr_loss is not None else config.lr}
-    head_defaults = getattr(model.head, "default_groups", {})
     groups = []
     for name, group_params in params.items():
-        options = {**head_defaults.get(name, {}), **config.groups.get(name, {})}
+        options = {**model.head.default_groups.get(name, {}), **config.groups.get(name, {})}
         lr = base.get(name, config.lr) * float(options.get("lr_scale", 1.0))
         decay = float(options.get("weight_decay", config.weight_decay))
         groups.append({"params": group_params, "lr": lr, "initial_lr": lr, "weight_decay": decay, "name": name})

@@ -28,7 +28,7 @@ from ...errors import ConfigError
 from ..backbones import Backbone, attention_layout
 from ..init import glorot_uniform_
 from .attention import MultiBranchHead, SigmoidMasks, copy_stages, phi_channels
-from .base import Head, HeadOutput, each_part
+from .base import Head, HeadOutput, each_part, learner_dim
 
 
 class ABEHead(MultiBranchHead):
@@ -75,14 +75,12 @@ class MHeadsHead(Head):
 
     def __init__(self, tail: nn.Module, in_channels: int, embedding_dim: int = 512, num_heads: int = 8):
         super().__init__()
-        if num_heads < 1 or embedding_dim % num_heads:
-            raise ConfigError(f"mheads: embedding_dim {embedding_dim} must split evenly over num_heads {num_heads}")
-        self.embedding_dim, self.num_heads = embedding_dim, num_heads
+        per_head = learner_dim("mheads", embedding_dim, num_heads)
+        self.embedding_dim, self.num_heads = per_head * num_heads, num_heads
         self.tails = nn.ModuleList([tail] + [copy.deepcopy(tail) for _ in range(num_heads - 1)])
-        self.embeds = nn.ModuleList(nn.Linear(in_channels, embedding_dim // num_heads, bias=False)
-                                    for _ in range(num_heads))
+        self.embeds = nn.ModuleList(nn.Linear(in_channels, per_head, bias=False) for _ in range(num_heads))
         for embed in self.embeds:  # ABE §4: the final layers are Glorot-initialised
-            glorot_uniform_(embed.weight, in_channels, embedding_dim // num_heads)
+            glorot_uniform_(embed.weight, in_channels, per_head)
 
     @property
     def num_parts(self) -> int:

@@ -41,7 +41,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..backbones import Backbone
 from ..init import glorot_uniform_
-from .base import Head, HeadOutput
+from .base import Head, HeadOutput, learner_dim
 
 CPU_TAIL_CHUNK = 64
 
@@ -137,12 +137,12 @@ class BranchEmbedding(nn.Module):
     by Glorot et al."), else nn.Linear's default U(±1/sqrt(C)) (DIABLO does not say).
     """
 
-    def __init__(self, num_branches: int, in_channels: int, embedding_dim: int, shared: bool, glorot: bool = False):
+    def __init__(self, num_branches: int, in_channels: int, embedding_dim: int, shared: bool, glorot: bool = False,
+                 head: str = "attention head"):
         super().__init__()
-        if embedding_dim % num_branches:
-            raise ConfigError(f"embedding_dim {embedding_dim} is not divisible by the {num_branches} branches")
         self.shared = shared
-        out = embedding_dim // num_branches
+        out = learner_dim(head, embedding_dim, num_branches)
+        self.embedding_dim = out * num_branches
         shape = (out, in_channels) if shared else (num_branches, out, in_channels)
         self.weight = nn.Parameter(torch.empty(shape))
         if glorot:
@@ -177,8 +177,10 @@ class MultiBranchHead(Head):
             raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
         self.psi, self.phi, self.selector = psi, phi, selector
         self.tail_chunk = check_tail_chunk(tail_chunk)
-        self.num_branches, self.strategy, self.embedding_dim = num_branches, strategy, embedding_dim
-        self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding, glorot_embedding)
+        self.num_branches, self.strategy = num_branches, strategy
+        self.embed = BranchEmbedding(num_branches, psi_channels, embedding_dim, shared_embedding, glorot_embedding,
+                                     type(self).__name__)
+        self.embedding_dim = self.embed.embedding_dim
         self.branch_feature_map = branch_feature_map
         if branch_feature_map:
             self.feature_channels = num_branches * psi_channels

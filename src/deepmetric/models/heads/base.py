@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -10,8 +11,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ...errors import ConfigError
+
 if TYPE_CHECKING:
     from ..backbones import Backbone
+
+log = logging.getLogger("deepmetric")
 
 # Constructor arguments a head gets from the backbone and the model config rather than from options.
 PROVIDED_ARGUMENTS = ("self", "cls", "backbone", "tail", "in_channels", "embedding_dim", "options")
@@ -53,10 +58,11 @@ class HeadOutput:
 
 
 class Head(nn.Module):
-    """Base class of every head.
+    """Base class of every head. ``tests/test_head_contract.py`` checks every registered head against this contract.
 
-    A subclass declares, as class attributes, what the objective should do with its output unless the
-    config says otherwise, so that ``--head NAME`` alone trains the method as its paper does:
+    Every head sets ``embedding_dim`` (D of its embedding) and returns a ``HeadOutput`` whose ``parts`` hold
+    ``num_parts`` learners. It declares, as class attributes, what the objective should do with its output unless
+    the config says otherwise, so that ``--head NAME`` alone trains the method as its paper does:
 
     - ``pretrained_modules``: names of sub-modules holding pretrained weights (a backbone tail or a copy),
       trained at the backbone's learning rate (parameter group ``pretrained``);
@@ -69,28 +75,30 @@ class Head(nn.Module):
     ``parameter_groups`` names groups of parameters that can get their own learning-rate scale and
     weight decay (``train.groups``); every parameter belongs to exactly one group.
 
-    A head that puts its local features in ``extras["feature_map"]`` sets ``feature_channels`` (their
-    channels), so that regularisers on local features (HORDE) can size themselves.
+    Optional hooks, each with a default here that means "this head does not do it" (the callers never ask
+    ``getattr``; they read the attribute or call the method):
 
-    A head whose embedding is a function of one pooled vector (GAP -> linear -> l2) sets ``pooled_dim``, puts
-    that vector in ``extras["pooled"]`` and implements ``encode(pooled) -> embedding``: example generators
-    (MIRAGE) decode embeddings back to that space and re-embed what they generate. ``normalized`` says whether
-    the embedding is l2-normalised.
-
-    A head with attention maps names one of them ``part_name`` (DIABLO's dictionary "entry", ABE's "learner",
-    DGML's "group"), which the report and ``deepmetric explain`` use as labels.
-
-    A head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O columns; ABE's
-    individual learners, Tables 1-2) returns them from ``auxiliary_embeddings(output)``; ``deepmetric evaluate
-    --all-embeddings`` scores each. A head whose paper reports its learners one by one and then their mean ±
-    std (ABE's "Ind" columns) sets ``individual_learners`` to the prefix of those rows (``each_part`` names them
-    ``<prefix>1`` … ``<prefix>M``), and ``--all-embeddings`` adds the two summary rows.
-
-    A head with data-dependent initialisation (e.g. a k-means dictionary) sets ``init_images`` > 0 and
-    implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
-    trunk features F of that many training images, without augmentation, batch by batch.
+    - local features: a head that puts them in ``extras["feature_map"]`` sets ``feature_channels`` (their
+      channels), so that regularisers on local features (HORDE) can size themselves;
+    - a pooled-vector encoder: a head whose embedding is a function of one pooled vector (GAP -> linear -> l2)
+      sets ``pooled_dim``, puts that vector in ``extras["pooled"]`` and implements ``encode(pooled) ->
+      embedding``: example generators (MIRAGE) decode embeddings back to that space and re-embed what they
+      generate. ``normalized`` says whether the embedding is l2-normalised;
+    - attention maps: a head that returns them (B, ``num_maps``, h, w) names one map ``part_name`` (DIABLO's
+      dictionary "entry", ABE's "learner", DGML's "group", DeML's "scale"), which the report and ``deepmetric
+      explain`` use as labels; ``num_maps`` is ``num_parts`` unless the maps are not the learners (DeML);
+    - sub-embeddings: a head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O
+      columns; ABE's individual learners, Tables 1-2) returns them from ``auxiliary_embeddings(output)``;
+      ``deepmetric evaluate --all-embeddings`` scores each. A head whose paper reports its learners one by one
+      and then their mean ± std (ABE's "Ind" columns) sets ``individual_learners`` to the prefix of those rows
+      (``each_part`` names them ``<prefix>1`` … ``<prefix>M``), and ``--all-embeddings`` adds the two summary
+      rows;
+    - data-dependent initialisation (e.g. a k-means dictionary): the head sets ``init_images`` > 0 and
+      implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
+      trunk features F of that many training images, without augmentation, batch by batch.
     """
 
+    embedding_dim: int
     pretrained_modules: tuple[str, ...] = ()
     metric_on: str = "embedding"
     parts_reduction: str = "mean"
@@ -152,12 +160,33 @@ class Head(nn.Module):
         """How many per-learner embeddings ``HeadOutput.parts`` holds."""
         return 1
 
+    @property
+    def num_maps(self) -> int:
+        """How many attention maps ``HeadOutput.attention`` holds (when it holds any): one per learner by default."""
+        return self.num_parts
+
     def encode(self, pooled: torch.Tensor) -> torch.Tensor:
         """Embed (B, pooled_dim) pooled feature vectors; only heads that set ``pooled_dim`` implement it."""
         raise NotImplementedError(f"{type(self).__name__} has no pooled-vector encoder")
 
     def forward(self, features: torch.Tensor) -> HeadOutput:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def learner_dim(head: str, embedding_dim: int, learners: int) -> int:
+    """Dimensions of each of ``learners`` equal learners sharing ``model.embedding_dim`` D: floor(D / M), DeML's
+    rule (§3.1: CA_(i,j) in R^{d/(IJ)}, floored). When M does not divide D the embedding has M floor(D / M)
+    dimensions (DeML(3,3): 9 x 56 = 504 of 512), which a warning says once, as the head is built."""
+    if learners < 1:
+        raise ConfigError(f"{head}: needs at least one learner, got {learners}")
+    if embedding_dim < learners:
+        raise ConfigError(f"{head}: model.embedding_dim={embedding_dim} is too small for {learners} learners (each "
+                          "needs at least one dimension)")
+    per_learner = embedding_dim // learners
+    if per_learner * learners != embedding_dim:
+        log.warning("%s: model.embedding_dim=%d does not split evenly over %d learners; the embedding has %d "
+                    "dimensions (%d each)", head, embedding_dim, learners, per_learner * learners, per_learner)
+    return per_learner
 
 
 def each_part(output: HeadOutput, prefix: str) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..backbones import Backbone
-from .base import Head, HeadOutput
+from .base import Head, HeadOutput, learner_dim
 from .deml_modules import ChannelAttention, DecoupledLearners
 from .deml_oam import attention_boxes, compose_boxes, crop_and_zoom, object_attention, paste
 
@@ -72,7 +72,7 @@ def _split_stages(tail: nn.Module, cut: str) -> tuple[nn.Sequential, nn.Sequenti
 class DeMLHead(Head):
     pretrained_modules = ("fnets", "gnets")
     metric_on = "parts"
-    part_name = "learner"
+    part_name = "scale"  # the attention maps are the I scales' OAM maps, not the I x J learners
     parts_reduction = "mean"  # eq. 5: 1/(IJ) sum over learners
     default_regularizers = {"deml-adversary": {"weight": 1.0}, "activation-decay": {"weight": 0.014},
                             "learner-row-norm": {"weight": 0.25}}
@@ -83,7 +83,7 @@ class DeMLHead(Head):
                  oam_layers: tuple[str, ...], oam_steps: int, spatial_sigma: float, share_learners: bool):
         super().__init__()
         self.num_scales, self.num_branches = num_scales, num_branches
-        self.part_dim = embedding_dim // (num_scales * num_branches)
+        self.part_dim = learner_dim("deml", embedding_dim, num_scales * num_branches)
         self.embedding_dim = self.part_dim * num_scales * num_branches
         self.oam_layers, self.oam_steps, self.spatial_sigma = oam_layers, oam_steps, spatial_sigma
         self.fnets = nn.ModuleList([fnet] + [copy.deepcopy(fnet) for _ in range(num_scales - 1)])
@@ -109,9 +109,6 @@ class DeMLHead(Head):
                               f"unset); got model.split={backbone.split}")
         if num_scales < 1 or num_branches < 1:
             raise ConfigError(f"deml: num_scales and num_branches must be at least 1, got {num_scales}, {num_branches}")
-        if embedding_dim < num_scales * num_branches:
-            raise ConfigError(f"deml: embedding_dim {embedding_dim} is smaller than the {num_scales} x {num_branches} "
-                              "learners (each gets floor(embedding_dim / (I J)) dimensions)")
         if cam_form not in ("pooled", "pixel"):
             raise ConfigError(f"deml: cam_form must be 'pooled' (paper) or 'pixel' (code), got '{cam_form}'")
         stages = [n for n, _ in backbone.tail.named_children()]
@@ -130,6 +127,10 @@ class DeMLHead(Head):
     @property
     def num_parts(self) -> int:
         return self.num_scales * self.num_branches
+
+    @property
+    def num_maps(self) -> int:
+        return self.num_scales
 
     def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
         """Each OA root-learner alone (Table 2's O columns): scale i's J learners concatenated, / sqrt(J), so

@@ -45,10 +45,6 @@ class GAPHead(Head):
             return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim, l2=l2)
         return cls(tail=nn.Identity(), in_channels=backbone.channels, embedding_dim=embedding_dim, l2=l2)
 
-    @classmethod
-    def option_names(cls) -> list[str]:
-        return ["use_tail", "l2"]
-
     def encode(self, pooled: torch.Tensor) -> torch.Tensor:
         """E(f) (eq. 6.1): (B, C) pooled features -> (B, D) embeddings, l2-normalised unless ``l2=False``."""
         return self._normalize(self.embed(pooled))

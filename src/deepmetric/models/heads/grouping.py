@@ -16,7 +16,6 @@ code's ``loss_emb /= k``), plus the diversity loss (eq. 4) with lambda_1 = 0.01 
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 from ...errors import ConfigError
 from ..backbones import Backbone
-from .base import PROVIDED_ARGUMENTS, Head, HeadOutput
+from .base import Head, HeadOutput, learner_dim
 
 
 class GroupingHead(Head):
@@ -44,18 +43,13 @@ class GroupingHead(Head):
                               "needs at least one dimension)")
         self.in_channels = in_channels
         self.groups = groups
-        self.group_dim = embedding_dim // groups
+        self.group_dim = learner_dim("grouping", embedding_dim, groups)
         self.embedding_dim = groups * self.group_dim
 
     @classmethod
     def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
         """Built on the trunk's output F (``backbone.channels``); the tail is left out of the model."""
         return cls(in_channels=backbone.channels, embedding_dim=embedding_dim, **options)
-
-    @classmethod
-    def option_names(cls) -> list[str]:
-        """The keywords of ``__init__``: ``from_backbone`` only forwards them."""
-        return [p for p in inspect.signature(cls.__init__).parameters if p not in PROVIDED_ARGUMENTS]
 
     @property
     def num_parts(self) -> int:
