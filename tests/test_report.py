@@ -34,7 +34,7 @@ def test_train_writes_a_report_whose_images_are_valid_pngs(tmp_path, head):
     page = (out / "report.html").read_text()
     assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
     images = _embedded_pngs(page)
-    expected = {"Recall@K curve", "training curves", "retrieval grid", "t-SNE of test embeddings"}
+    expected = {"Recall@K curve", "training curves", "retrieval grid", "map of test embeddings"}
     assert expected <= set(images)
     attention = [alt for alt in images if alt.startswith("attention maps")]
     assert bool(attention) == (head == "dgml")  # overlays only for heads that return attention maps
@@ -86,3 +86,57 @@ def test_train_reuses_the_test_embeddings_of_its_evaluation_for_the_report(tmp_p
     again = IMAGE.findall((out / "report.html").read_text())
     grid = [data for alt, data in from_training if alt == "retrieval grid"]
     assert grid and grid == [data for alt, data in again if alt == "retrieval grid"]  # same rows, same order
+
+
+def test_a_collapsed_model_gets_a_report_without_a_map_and_never_reaches_t_sne(tmp_path, monkeypatch):
+    """Every test embedding one point (what identical images or a collapsed model give): scikit-learn's Barnes-Hut
+    t-SNE divided by zero and crashed the process (exit 139) on such input; the report now says there is no map."""
+    import numpy as np
+    import sklearn.manifold
+
+    from deepmetric.report import build_report
+    from deepmetric.training.run_dir import RunDir
+
+    def no_tsne(*args, **kwargs):
+        raise AssertionError("t-SNE must not run on coincident points")
+
+    monkeypatch.setattr(sklearn.manifold, "TSNE", no_tsne)
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(out), "--quiet", "eval.report=false"]) == 0
+    from deepmetric.training.setup import load_table
+
+    rows = load_table(RunDir(out).config(), only_split="test")[0]
+    collapsed = np.tile(np.eye(1, 16, dtype=np.float32), (len(rows), 1))
+    page = build_report(out, progress=False, test_embeddings=collapsed).read_text()
+    assert "No figure: the" in page and "coincide" in page
+    images = _embedded_pngs(page)
+    assert {"Recall@K curve", "training curves", "retrieval grid"} <= set(images)  # the rest is intact
+    assert "map of test embeddings" not in images
+
+
+def test_a_failing_figure_leaves_the_rest_of_the_report(tmp_path, monkeypatch):
+    import deepmetric.report.figures as figures
+
+    def broken(*args, **kwargs):
+        raise ValueError("a drawing bug")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(figures, "retrieval_grid", broken)
+    assert main(["train", *TINY, "--out", str(out), "--quiet"]) == 0  # training still succeeds
+    page = (out / "report.html").read_text()
+    assert "This figure failed (ValueError: a drawing bug)" in page
+    assert {"Recall@K curve", "map of test embeddings"} <= set(_embedded_pngs(page))
+
+
+def test_projection_falls_back_where_t_sne_cannot_run():
+    import numpy as np
+
+    from deepmetric.viz.render import project_2d, projection_method
+
+    rng = np.random.default_rng(0)
+    assert projection_method(rng.normal(size=(40, 6))) == "tsne"
+    few = np.repeat(rng.normal(size=(5, 6)), 8, axis=0)  # 40 points, 5 distinct
+    assert projection_method(few) == "pca" and project_2d(few).shape == (40, 2)
+    same = np.ones((40, 6))
+    assert projection_method(same) == "none" and not project_2d(same).any()
+    assert projection_method(np.full((3, 6), np.nan)) == "none" and projection_method(np.zeros((0, 6))) == "none"

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from ..data.table import RetrievalDataset
 from ..evaluation.knn import knn
-from ..viz.render import figure_png, project_2d
+from ..viz.render import figure_png, project_2d, projection_method
 
 
 def _png(figure: Figure) -> bytes:
@@ -92,15 +92,24 @@ def retrieval_grid(table: RetrievalDataset, embeddings: np.ndarray, queries: int
     return buffer.getvalue()
 
 
+class FigureSkipped(Exception):
+    """A figure that cannot be drawn from these inputs; the message says why (the report shows it instead)."""
+
+
 def embedding_map(embeddings: np.ndarray, labels: np.ndarray, max_classes: int = 12, seed: int = 0,
                   class_names: dict[int, str] | None = None) -> bytes:
-    """t-SNE (cosine) of the test embeddings of up to ``max_classes`` random classes, coloured by class."""
+    """t-SNE (cosine) of the test embeddings of up to ``max_classes`` random classes, coloured by class (PCA
+    where t-SNE cannot run; ``FigureSkipped`` where the embeddings coincide)."""
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     shown = rng.choice(classes, size=min(max_classes, len(classes)), replace=False)
     keep = np.isin(labels, shown)
     x, y = embeddings[keep], labels[keep]
-    points = project_2d(x, "tsne", seed, metric="cosine")
+    method = projection_method(x, "tsne")
+    if method == "none":
+        raise FigureSkipped(f"the {len(x)} test embeddings of the {len(shown)} classes shown coincide or are not "
+                            "finite (a collapsed model): there is nothing to map")
+    points = project_2d(x, method, seed, metric="cosine")
     figure = Figure(figsize=(6.5, 5), dpi=100)
     axis = figure.subplots()
     colours = matplotlib.colormaps["tab20"]
@@ -108,6 +117,7 @@ def embedding_map(embeddings: np.ndarray, labels: np.ndarray, max_classes: int =
         mask = y == label
         name = (class_names or {}).get(int(label), str(label))
         axis.scatter(points[mask, 0], points[mask, 1], s=8, color=colours(i % 20), label=name)
-    axis.set(title=f"test embeddings, t-SNE ({len(shown)} of {len(classes)} classes)", xticks=[], yticks=[])
+    title = {"tsne": "t-SNE", "pca": "PCA (too few distinct points for t-SNE)"}[method]
+    axis.set(title=f"test embeddings, {title} ({len(shown)} of {len(classes)} classes)", xticks=[], yticks=[])
     axis.legend(fontsize=7, markerscale=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return _png(figure)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from ..training.checkpoint import atomic_write_text
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import load_table, resolve_device
 from . import figures
+
+logger = logging.getLogger("deepmetric")
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -75,6 +79,19 @@ def _provenance_section(records: dict[str, dict[str, Any]]) -> str:
     body = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(cell(r, key) for r in records.values()) + "</tr>"
                    for key, label in fields)
     return f"<h2>Provenance</h2><table><tr><th></th>{head}</tr>{body}</table>"
+
+
+def _figure(heading: str, draw: Callable[[], str]) -> str:
+    """``heading`` and what ``draw`` returns, or a note saying why the figure is missing: a figure that fails
+    leaves the rest of the report (and a training run that writes it) intact."""
+    try:
+        return heading + draw()
+    except figures.FigureSkipped as reason:
+        return f"{heading}<p class='note'>No figure: {html.escape(str(reason))}.</p>"
+    except Exception as error:  # noqa: BLE001 - a figure must never take the report down
+        logger.warning("report: the figure '%s' failed (%s: %s)", heading, type(error).__name__, error)
+        return (f"{heading}<p class='note'>This figure failed ({html.escape(type(error).__name__)}: "
+                f"{html.escape(str(error))}); the rest of the report is complete.</p>")
 
 
 def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test_resize: str,
@@ -135,7 +152,7 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
         "<h2>Test metrics (%)</h2>" + (_metrics_table(results) if results else "<p>not evaluated yet</p>"),
     ]
     if results:
-        sections.append(_img(figures.recall_curve(results), "Recall@K curve"))
+        sections.append(_figure("", lambda: _img(figures.recall_curve(results), "Recall@K curve")))
     if run.all_embeddings_metrics.is_file():
         every = json.loads(run.all_embeddings_metrics.read_text())
         sections.append(f"<h2>Every embedding (%)</h2><p class='note'>From <code>deepmetric evaluate RUN "
@@ -143,14 +160,14 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
                         f"{every['step']}, evaluated {html.escape(str(every['evaluated_at']))}.</p>"
                         + _metrics_table(every["embeddings"]))
     if log:
-        sections.append("<h2>Training</h2>" + _img(figures.training_curves(log), "training curves"))
-    sections.append("<h2>Retrieval</h2><p class='note'>Random test queries (black) and their 8 nearest test "
-                    "images: green when of the query's class, red otherwise.</p>"
-                    + _img(figures.retrieval_grid(test, embeddings), "retrieval grid"))
-    sections.append(_attention_section(model, test, config.data.image_size, config.data.test_resize, device))
-    sections.append("<h2>Embedding map</h2>" + _img(figures.embedding_map(embeddings, test.labels,
-                                                                           class_names=test.class_names),
-                                                    "t-SNE of test embeddings"))
+        sections.append(_figure("<h2>Training</h2>", lambda: _img(figures.training_curves(log), "training curves")))
+    sections.append(_figure("<h2>Retrieval</h2><p class='note'>Random test queries (black) and their 8 nearest test "
+                            "images: green when of the query's class, red otherwise.</p>",
+                            lambda: _img(figures.retrieval_grid(test, embeddings), "retrieval grid")))
+    sections.append(_figure("", lambda: _attention_section(model, test, config.data.image_size,
+                                                           config.data.test_resize, device)))
+    sections.append(_figure("<h2>Embedding map</h2>", lambda: _img(
+        figures.embedding_map(embeddings, test.labels, class_names=test.class_names), "map of test embeddings")))
     sections.append(_provenance_section(provenance))
     sections.append("<h2>Resolved config</h2><pre>" + html.escape(yaml.safe_dump(config.to_dict(), sort_keys=False))
                     + "</pre>")

@@ -21,12 +21,29 @@ def figure_png(figure: Figure, dpi: float | None = None, tight: bool = False) ->
     return buffer.getvalue()
 
 
+def projection_method(points: np.ndarray, method: str = "tsne") -> str:
+    """The projection ``project_2d`` uses for ``points``: ``method`` where the points allow it, ``pca`` where t-SNE
+    cannot run (fewer than 8 distinct points: scikit-learn's Barnes-Hut t-SNE divides by zero, and has crashed the
+    process, on coincident points), ``none`` where there is nothing to project (no point, a non-finite value, or
+    every point the same: a collapsed embedding)."""
+    if len(points) == 0 or not np.isfinite(points).all():
+        return "none"
+    distinct = len(np.unique(points.astype(np.float32), axis=0))
+    if distinct < 2:
+        return "none"
+    return "pca" if method == "tsne" and distinct < 8 else method
+
+
 def project_2d(points: np.ndarray, method: str = "tsne", seed: int = 0, metric: str = "euclidean") -> np.ndarray:
-    """(N, D) -> (N, 2) by t-SNE (PCA-initialised, perplexity min(30, (N - 1) / 3)) or PCA; t-SNE needs at
-    least 8 points (PCA below that); D <= 2 is returned as is (padded to 2 columns)."""
+    """(N, D) -> (N, 2) by t-SNE (PCA-initialised, perplexity min(30, (N - 1) / 3)) or PCA, as
+    ``projection_method`` chooses: PCA where t-SNE cannot run, all zeros where the points coincide (or are not
+    finite); D <= 2 is returned as is (padded to 2 columns)."""
+    used = projection_method(points, method)
+    if used == "none":
+        return np.zeros((len(points), 2))
     if points.shape[1] <= 2:
         return np.pad(points, ((0, 0), (0, 2 - points.shape[1])))
-    if method == "tsne" and len(points) >= 8:
+    if used == "tsne":
         from sklearn.manifold import TSNE
 
         perplexity = float(min(30.0, (len(points) - 1) / 3))
