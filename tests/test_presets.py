@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from deepmetric.config import RunConfig, build_config, load_yaml
+from deepmetric.data import DATASETS
 from deepmetric.generators import build_generator
 from deepmetric.losses import build_objective
 from deepmetric.studies import load_study
@@ -75,6 +76,15 @@ def test_the_presets_are_found():
 @pytest.mark.parametrize("preset", PRESETS, ids=[str(p.relative_to(CONFIGS)) for p in PRESETS])
 def test_every_preset_builds_and_steps(preset: Path):
     step_once(build_config(load_yaml(preset), SMALL))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[str(p.relative_to(CONFIGS)) for p in PRESETS])
+def test_a_preset_named_for_a_data_set_reads_that_data_set(preset: Path):
+    """``cars-cropped-abe8.yaml`` must name ``cars-cropped:``: run without ``--data`` it trains on what it says."""
+    named = [n for n in DATASETS if preset.stem.startswith(f"{n}-")]
+    if named:
+        loader = build_config(load_yaml(preset)).data.spec.partition(":")[0]
+        assert loader == max(named, key=len), f"{preset.name} reads {loader}"
 
 
 @pytest.mark.parametrize("study", STUDIES, ids=[p.name for p in STUDIES])
