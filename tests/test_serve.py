@@ -123,7 +123,7 @@ def test_bad_uploads_are_4xx_json(client, gallery_index):
     assert_json_error(post_image(client, good[: len(good) // 2]), 400, "corrupt")
     assert_json_error(post_image(client, b"\xff\xd8\xff" + b"\x00" * 64, name="a.jpg"), 400)
     assert_json_error(post_image(client, b"GIF89a\xff\xff\xff\xff" + b"\x00" * 20), 400)
-    for k in ("0", "-1", "101", "abc", "1.5", "9" * 40):
+    for k in ("0", "-1", "101", "abc", "1.5", "9" * 40, "²", "\u0663", "1\u00b2"):  # Unicode digits: a 500 before
         assert_json_error(post_image(client, good, k=k), 400, "k must be an integer from 1 to 100")
     assert_json_error(client.post("/search", files={"photo": ("q.png", good)}), 400, "field named 'image'")
     assert_json_error(client.post("/search", data={"image": "not a file"}), 400, "field named 'image'")

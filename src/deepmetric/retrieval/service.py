@@ -197,10 +197,12 @@ def page_html() -> str:
 
 
 def parse_k(value: Any, limits: ServiceLimits) -> int:
+    """``k`` from the query string or the form: ASCII digits from 1 to ``max_k``, else a 400. (``str.isdigit``
+    accepted '²' and other Unicode digits that ``int`` then refused: a 500.)"""
     if value is None or value == "":
         return limits.default_k
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= limits.max_k:
+    if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= limits.max_k:
         raise UploadError(f"k must be an integer from 1 to {limits.max_k}", 400)
     return int(text)
 
