@@ -308,3 +308,29 @@ def test_corrupt_and_fake_images_are_named(tmp_path):
     for name in ("truncated.jpg", "text.png", "empty.jpg", "absent.jpg"):
         with pytest.raises(DataError, match=name):
             read_image(tmp_path / name)
+
+
+def test_csv_from_excel_latin_1_huge_labels_and_every_bad_row_at_once(tmp_path):
+    """A byte-order mark is read (Excel writes one); a latin-1 file, a label beyond 64 bits and several bad rows
+    are each one DataError that lists every bad row; with skip_bad a repeated image keeps its first row."""
+    for i in range(3):
+        write_image(tmp_path / "img" / f"{i}.png", value=50 * i)
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("path,label,split\nimg/0.png,0,train\nimg/1.png,0,train\nimg/2.png,1,test\n".encode("utf-8-sig"))
+    assert len(load_dataset(f"csv:{bom}")) == 3
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("path,label,split\nimg/0.png,0,train\nimg/caf\u00e9.png,0,train\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"line 3 is not UTF-8 \(byte 0xe9\)"):
+        load_dataset(f"csv:{latin}")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,label,split\nimg/0.png,0,train\nimg/0.png,0,train\nimg/1.png," + "1" + "0" * 30
+                   + ",train\nimg/2.png,x,test\n")
+    with pytest.raises(DataError, match="3 bad row") as caught:
+        load_dataset(f"csv:{bad}")
+    assert all(f"line {n}" in str(caught.value) for n in (3, 4, 5)) and "64 bits" in str(caught.value)
+    repeated = tmp_path / "repeated.csv"
+    repeated.write_text("path,label,split\nimg/0.png,0,train\nimg/1.png,0,train\nimg/0.png,1,test\nimg/2.png,1,test\n")
+    with pytest.raises(DataError, match="line 4: image 'img/0.png' already listed on line 2"):
+        load_dataset(f"csv:{repeated}")
+    table = load_dataset(f"csv:{repeated}", skip_bad=True)
+    assert len(table) == 3 and table.labels.tolist() == [0, 0, 1]

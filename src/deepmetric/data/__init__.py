@@ -30,9 +30,9 @@ from .sampler import PKSampler
 from .table import RetrievalDataset, check_paths_exist
 from .transforms import TestTransform, TrainTransform
 
-DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry("data set", provided=("path", "seed", "check"),
-                                                              error=DataError)
-"""Loaders by spec name: ``loader(path, seed=, check=)`` (each takes those of the three it uses); a loader
+DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry(
+    "data set", provided=("path", "seed", "check", "skip_bad"), error=DataError)
+"""Loaders by spec name: ``loader(path, seed=, check=, skip_bad=)`` (each takes those it uses); a loader
 whose ``path`` has no default needs ``NAME:PATH``."""
 for _name, _loader in {"glyphs": load_glyphs, "fashion-mnist": load_fashion_mnist, "digits": load_digits,
                        "folder": load_folder, "csv": load_csv, "cub": load_cub, "cars": load_cars, "sop": load_sop,
@@ -80,14 +80,15 @@ def carve_validation(table: RetrievalDataset, fraction: float, seed: int = 0) ->
 
 
 def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fraction: float = 0.0,
-                 val_seed: int = 0, check_files: bool = True) -> RetrievalDataset:
+                 val_seed: int = 0, check_files: bool = True, skip_bad: bool = False) -> RetrievalDataset:
     """Load the table named by ``spec`` with its zero-shot split (and an optional validation split).
 
     ``check_files`` fails, naming them, when listed image files do not exist (the training flow turns it
     off because its audit, ``data.audit``, reports missing files together with every other problem).
+    ``skip_bad`` (``data.skip_bad_images``) lets a loader leave out the rows it can (a CSV's repeated image).
     """
     name, path = parse_spec(spec)
-    table = DATASETS.build(name, path=path, seed=seed, check=check_counts)
+    table = DATASETS.build(name, path=path, seed=seed, check=check_counts, skip_bad=skip_bad)
     table.meta["spec"] = spec
     if check_files and not table.in_memory:
         check_paths_exist(table.name, [str(p) for p in table.images], path or table.name)

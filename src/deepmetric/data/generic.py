@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ import numpy as np
 from ..errors import DataError
 from .images import IMAGE_EXTENSIONS
 from .table import RetrievalDataset
+
+log = logging.getLogger("deepmetric")
 
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -62,46 +65,87 @@ def _flag(value: str, column: str, line: int, path: Path) -> bool:
     raise DataError(f"csv: {path} line {line}: column '{column}' must be true/false or 1/0, got {value!r}")
 
 
-def load_csv(path: str | Path) -> RetrievalDataset:
+MAX_LISTED = 20  # problems a refusal lists before it counts the rest
+INT64 = np.iinfo(np.int64)
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV as dicts keyed by the stripped header; UTF-8 with or without Excel's byte-order mark."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            columns = [c.strip() for c in (reader.fieldnames or [])]
+            missing = [c for c in ("path", "label", "split") if c not in columns]
+            if missing:
+                raise DataError(f"csv: {path} lacks column(s) {missing}; its header is {columns}, expected "
+                                "path,label,split[,is_query,is_gallery]")
+            return [{k.strip(): (v or "") for k, v in row.items() if k is not None} for row in reader]
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[:error.start].count(b"\n") + 1
+        raise DataError(f"csv: {path} line {line} is not UTF-8 (byte {error.object[error.start]:#04x}); save the "
+                        "file as UTF-8") from None
+    except csv.Error as error:
+        raise DataError(f"csv: {path} is not a readable CSV: {error}") from None
+
+
+def load_csv(path: str | Path, skip_bad: bool = False) -> RetrievalDataset:
     """A CSV with columns ``path,label,split`` and optional ``is_query,is_gallery``.
 
-    Paths are relative to the CSV's folder; labels are integers; split is train, val or test.
+    Paths are relative to the CSV's folder; labels are integers (64-bit); split is train, val or test. The
+    file is UTF-8, with or without a byte-order mark. Every bad row is listed in one error; with ``skip_bad``
+    (``data.skip_bad_images``) an image listed twice keeps its first row and the repeats are left out.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"csv: {path} does not exist")
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        columns = [c.strip() for c in (reader.fieldnames or [])]
-        missing = [c for c in ("path", "label", "split") if c not in columns]
-        if missing:
-            raise DataError(f"csv: {path} lacks column(s) {missing}; its header is {columns}, expected "
-                            "path,label,split[,is_query,is_gallery]")
-        rows = [{k.strip(): (v or "") for k, v in row.items() if k is not None} for row in reader]
+    rows = _csv_rows(path)
     if not rows:
         raise DataError(f"csv: {path} has a header but no rows")
     paths, labels, splits, queries, galleries = [], [], [], [], []
     seen: dict[str, int] = {}
+    problems: list[str] = []
+    repeats = 0
     for line, row in enumerate(rows, start=2):
         image = (path.parent / row["path"].strip()).resolve()
         if str(image) in seen:
-            raise DataError(f"csv: {path} line {line}: image {row['path']!r} already listed on line "
-                            f"{seen[str(image)]}")
+            if skip_bad:
+                repeats += 1
+                continue
+            problems.append(f"line {line}: image {row['path']!r} already listed on line {seen[str(image)]}")
+            continue
         seen[str(image)] = line
         try:
-            labels.append(int(row["label"]))
+            label = int(row["label"])
         except ValueError:
-            raise DataError(f"csv: {path} line {line}: label {row['label']!r} is not an integer") from None
+            problems.append(f"line {line}: label {row['label']!r} is not an integer")
+            continue
+        if not INT64.min <= label <= INT64.max:
+            problems.append(f"line {line}: label {row['label'][:30]!r} does not fit in 64 bits")
+            continue
         split = row["split"].strip()
         if split not in ("train", "val", "test"):
-            raise DataError(f"csv: {path} line {line}: split {split!r} is not train, val or test")
+            problems.append(f"line {line}: split {split!r} is not train, val or test")
+            continue
+        try:
+            query = _flag(row["is_query"], "is_query", line, path) if "is_query" in row else True
+            gallery = _flag(row["is_gallery"], "is_gallery", line, path) if "is_gallery" in row else True
+        except DataError as error:
+            problems.append(str(error).removeprefix(f"csv: {path} "))
+            continue
         paths.append(str(image))
+        labels.append(label)
         splits.append(split)
-        queries.append(_flag(row["is_query"], "is_query", line, path) if "is_query" in row else True)
-        galleries.append(_flag(row["is_gallery"], "is_gallery", line, path) if "is_gallery" in row else True)
-    return RetrievalDataset(name=f"csv:{path}", images=paths, labels=np.array(labels),
-                            splits=np.array(splits, dtype=object), is_query=np.array(queries),
-                            is_gallery=np.array(galleries), meta={"root": str(path.parent)})
+        queries.append(query)
+        galleries.append(gallery)
+    if problems:
+        more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        raise DataError(f"csv: {path} has {len(problems)} bad row(s):\n  " + "\n  ".join(problems[:MAX_LISTED])
+                        + more)
+    if repeats:
+        log.warning("csv: %s lists %d image(s) more than once; their repeated rows are left out", path, repeats)
+    return RetrievalDataset(name=f"csv:{path}", images=paths, labels=np.array(labels, dtype=np.int64),
+                            splits=np.array(splits, dtype=object), is_query=np.array(queries, dtype=bool),
+                            is_gallery=np.array(galleries, dtype=bool), meta={"root": str(path.parent)})
 
 
 def _read_idx(path: Path) -> np.ndarray:

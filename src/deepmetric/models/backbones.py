@@ -282,10 +282,21 @@ WEIGHT_RENAMERS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.T
 }
 
 
+# Where the weight files a backbone is usually given come from (no weights ship for these).
+WEIGHT_SOURCES: dict[str, str] = {
+    "bn-inception": "the BN-Inception converted from Caffe that pretrainedmodels (Cadene) and TSN distribute as "
+                    "bn_inception-*.pth (read with model.trust_pickle=true, or converted to .safetensors: "
+                    "docs/reproduce.md, HORDE section)",
+    "inception-v1": "Caffe's bvlc_googlenet converted to a .safetensors state dict of deepmetric's inception-v1 "
+                    "(docs/reproduce.md, the common setting)",
+}
+
+
 def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backbone: str = "") -> None:
     file = Path(path)
     if not file.is_file():
-        raise CheckpointError(f"backbone weights {file} do not exist")
+        source = f"; it is {WEIGHT_SOURCES[backbone]}" if backbone in WEIGHT_SOURCES else ""
+        raise CheckpointError(f"backbone weights {file} (model.weights) do not exist{source}")
     state = _read_weights(file, trust_pickle)
     if backbone in WEIGHT_RENAMERS:
         state = WEIGHT_RENAMERS[backbone](state)

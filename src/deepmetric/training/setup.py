@@ -44,7 +44,7 @@ def load_table(config: RunConfig, progress: bool = False,
     (``data.skip_bad_images``) and returned."""
     d = config.data
     table = load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, val_fraction=d.val_fraction,
-                         val_seed=d.val_seed, check_files=not d.check_images)
+                         val_seed=d.val_seed, check_files=not d.check_images, skip_bad=d.skip_bad_images)
     if only_split:
         table = table.split(only_split)
     if not d.check_images:
