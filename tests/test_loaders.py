@@ -334,3 +334,19 @@ def test_csv_from_excel_latin_1_huge_labels_and_every_bad_row_at_once(tmp_path):
         load_dataset(f"csv:{repeated}")
     table = load_dataset(f"csv:{repeated}", skip_bad=True)
     assert len(table) == 3 and table.labels.tolist() == [0, 0, 1]
+
+
+def test_an_image_with_too_many_pixels_is_refused_from_its_header(tmp_path):
+    """A 20,000 x 20,000 PNG of zeros is 389 KB on disk and 1.2 GB decoded: the reader of training images,
+    ``index`` and ``search --image`` refuses what has more pixels than the service allows, naming the file."""
+    from deepmetric.data.images import read_image
+    from serve_helpers import png_bomb
+
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(png_bomb(8_000, 8_000))  # below PIL's own cap, which would otherwise decode it
+    with pytest.raises(DataError, match=r"bomb.png is 8000 x 8000 = 64,000,000 pixels; the limit is 40,000,000"):
+        read_image(bomb)
+    huge = tmp_path / "huge.png"
+    huge.write_bytes(png_bomb(50_000, 50_000))  # beyond PIL's own cap, which raises in Image.open
+    with pytest.raises(DataError, match="huge.png has too many pixels"):
+        read_image(huge)

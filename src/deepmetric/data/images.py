@@ -16,6 +16,10 @@ from PIL import Image, UnidentifiedImageError
 
 from ..errors import DataError
 
+MAX_PIXELS = 40_000_000
+"""The most pixels an image file may have (the service's default ``--max-megapixels 40``): a bigger one is refused
+from its header, before its pixels are decoded (a 20,000 x 20,000 PNG of zeros is 389 KB on disk, 1.2 GB decoded)."""
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
@@ -38,11 +42,16 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB") if image.mode != "RGB" else image
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """Read ``path`` as a (H, W, 3) uint8 RGB array; any failure raises DataError naming the file."""
+def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """Read ``path`` as a (H, W, 3) uint8 RGB array; any failure, an image of more than ``max_pixels`` pixels
+    included, raises DataError naming the file."""
     path = Path(path)
     try:
         with Image.open(path) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise DataError(f"image {path} is {width} x {height} = {width * height:,} pixels; the limit is "
+                                f"{max_pixels:,} (decoding it would take {width * height * 3 / 2**30:.1f} GB)")
             image.load()
             rgb = to_rgb(image)
     except FileNotFoundError:
@@ -51,6 +60,8 @@ def read_image(path: str | Path) -> np.ndarray:
         raise DataError(f"image {path} cannot be read (permission denied)") from None
     except UnidentifiedImageError:
         raise DataError(f"image {path} is not an image file PIL can identify") from None
+    except Image.DecompressionBombError:  # PIL's own cap, checked in Image.open before ours
+        raise DataError(f"image {path} has too many pixels (the limit is {max_pixels:,})") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise DataError(f"image {path} is corrupt or truncated: {error}") from None
     return np.array(rgb, dtype=np.uint8)  # a writable copy
