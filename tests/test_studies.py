@@ -125,3 +125,43 @@ def test_best_is_marked_per_data_set_and_missing_metrics_show_a_dash(tmp_path):
     assert "| a | glyphs | 1 | **50.00 ± 0.00** | 90.00 ± 0.00 |" in table
     assert "| b | glyphs | 1 | 40.00 ± 0.00 | **95.00 ± 0.00** |" in table
     assert "| c | fashion-mnist | 1 | **80.00 ± 0.00** | — |" in table
+
+
+def test_command_line_overrides_reach_every_run_after_the_studys_settings(tmp_path):
+    from deepmetric.config import build_config, parse_override
+
+    spec = load_study(write_study(tmp_path, seeds=[0, 1]), [parse_override("train.steps=7"),
+                                                            parse_override("data.image_size=40")])
+    for run in spec.runs():
+        config = build_config(*run.layers)
+        assert (config.train.steps, config.data.image_size, config.train.seed) == (7, 40, run.repeat)
+    assert {build_config(*r.layers).model.head for r in spec.runs()} == {"gap", "abe"}  # variants still differ
+
+
+def test_an_inline_base_is_a_config_and_a_bad_base_one_line(tmp_path):
+    base = tiny_config(train={"steps": 2}).to_dict()
+    spec = load_study(write_study(tmp_path, base=base))
+    assert len(spec.runs()) == 2 and spec.base["model"]["backbone"] == "tiny"
+    with pytest.raises(ConfigError, match="'base' must be a config file name or a mapping"):
+        load_study(write_study(tmp_path, base=[1, 2]))
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "/abs/path", "a/b", "..", "bell\x07", "tab\there"])
+def test_a_variant_name_cannot_leave_the_study_folder(tmp_path, name):
+    with pytest.raises(ConfigError, match="cannot name a run folder"):
+        load_study(write_study(tmp_path, variants={name: {}}))
+
+
+def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys):
+    from deepmetric.cli import main
+
+    study = write_study(tmp_path, seeds=[0, 1])
+    assert main(["study", str(study), "--dry-run", "data.image_size=40"]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs" in out and out.count("ok: ") == 4 and "gap / seed 1" in out and "data.image_size=40" in out
+    assert "groups pretrained, new" in out
+    assert not (tmp_path / "out").exists()  # nothing read, nothing written
+    assert main(["study", str(study), "--dry-run", "model.embedding_dim=1"]) == 2  # too small for 2 learners
+    captured = capsys.readouterr()
+    assert "FAILS: ABEHead: model.embedding_dim=1 is too small for 2 learners" in captured.out
+    assert "2 of 4 runs would fail: abe / seed 0, abe / seed 1" in captured.err

@@ -168,9 +168,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from .studies import load_study, run_study
 
-    spec = load_study(args.file)
+    spec = load_study(args.file, [parse_override(text) for text in args.overrides])
     if args.out:
         spec.out = Path(args.out)
+    if args.dry_run:
+        from .studies.dry_run import dry_run, format_dry_run
+
+        rows = dry_run(spec)
+        print(format_dry_run(spec, rows))
+        failing = [f"{row.run} / {row.repeat}" for row in rows if not row.ok]
+        if failing:
+            raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
+                                  + ", ".join(failing))
+        return 0
     paths = run_study(spec, progress=not args.quiet)
     print(paths["md"].read_text())
     print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
@@ -341,7 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run every unfinished run of a study file (see configs/studies/) and write "
                        "results.csv, results.md (mean ± std) and results.png.")
     p.add_argument("file", help="study YAML")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides for every run, e.g. data.spec=cub:/data/CUB_200_2011")
     p.add_argument("--out", help="override the study's output folder")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list every run and build its config, model, objective and optimiser groups without "
+                   "reading images or writing anything; exit 2 naming the runs that would fail")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "
@@ -386,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # key=value overrides may sit anywhere among the flags of `train`
-    stray = [a for a in extra if a.startswith("-") or "=" not in a or args.command != "train"]
+    # key=value overrides may sit anywhere among the flags of `train` and `study`
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or args.command not in ("train", "study")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:

@@ -2,7 +2,8 @@
 
 ```yaml
 name: demo                        # the study's name (default: the file's stem)
-base: ../demo-glyphs.yaml         # a run config (relative to this file); every run starts from it
+base: ../demo-glyphs.yaml         # a run config (relative to this file), or one written inline as a mapping
+                                  #   ({data: {...}, model: {...}}, ``extends:`` allowed); every run starts from it
 out: runs/studies/demo            # where runs and results go (default runs/studies/<name>)
 set: {train.steps: 200}           # overrides applied to every run
 variants:                         # named variants, each a set of overrides ...
@@ -17,7 +18,10 @@ all_embeddings: true              # also `evaluate --all-embeddings` every run (
                                   #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
 ```
 
-A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid.
+A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid. A variant's
+name (and so its run folder) may not hold ``/``, ``..`` or control characters. ``key=value`` overrides given on
+the command line (``deepmetric study FILE data.spec=cub:/data/CUB_200_2011``) apply to every run, after the
+study's own settings (the seed or split of each repeat still comes last).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class StudySpec:
     protocol: str = "seeds"
     split_fraction: float = 0.5
     all_embeddings: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """``key=value`` overrides from the command line, over every variant's settings."""
 
     def runs(self) -> list[StudyRun]:
         """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
@@ -71,7 +77,8 @@ class StudySpec:
                     per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
                 else:
                     per_repeat = {"train": {"seed": repeat}}
-                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides, per_repeat]))
+                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides, self.overrides,
+                                                       per_repeat]))
         return runs
 
 
@@ -93,13 +100,43 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
     return out
 
 
+def _merged(layers: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = merge_layers(merged, layer)
+    return merged
+
+
 def _label(value: Any) -> str:
     if isinstance(value, str | int | float | bool) or value is None:
         return str(value)
     return json.dumps(value, separators=(",", ":"), sort_keys=True).strip("{}[]").replace('"', "")
 
 
-def load_study(path: str | Path) -> StudySpec:
+def _check_label(label: str, path: Path) -> str:
+    """A variant's name is a folder name under ``<out>/runs``: refuse one that would leave it or break a terminal."""
+    bad = ("/" in label or "\\" in label or label in (".", "..") or label.startswith("..")
+           or any(ord(c) < 32 or ord(c) == 127 for c in label))
+    if bad:
+        raise ConfigError(f"study file {path}: variant name {label!r} cannot name a run folder (no '/', '\\', "
+                          "'..' or control characters)")
+    return label
+
+
+def _base(value: Any, path: Path) -> dict[str, Any]:
+    """The study's base config: a file (relative to the study file) or an inline mapping of sections."""
+    if isinstance(value, str):
+        return load_yaml(path.parent / value)
+    if isinstance(value, dict):
+        inline = dict(value)
+        parent = inline.pop("extends", None)
+        return merge_layers(load_yaml(path.parent / str(parent)), inline) if parent is not None else inline
+    raise ConfigError(f"study file {path}: 'base' must be a config file name or a mapping of config sections, got "
+                      f"{value!r}")
+
+
+def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> StudySpec:
+    """Read a study file; ``command_line`` (parsed ``key=value`` layers) apply to every run, over its settings."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"study file {path} does not exist")
@@ -110,7 +147,7 @@ def load_study(path: str | Path) -> StudySpec:
         if key not in KEYS:
             raise ConfigError(f"study file {path}: unknown key '{key}'{did_you_mean(key, KEYS)}")
     name = str(data.get("name", path.stem))
-    base = load_yaml(path.parent / data["base"]) if "base" in data else {}
+    base = _base(data["base"], path) if "base" in data else {}
     named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in (data.get("variants") or {"": {}}).items()}
     grid = data.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
@@ -120,7 +157,7 @@ def load_study(path: str | Path) -> StudySpec:
         for combination in itertools.product(*grid.values()) if grid else [()]:
             cell = dict(zip(grid, combination, strict=True))
             label = "-".join(p for p in [variant, *(_label(v) for v in cell.values())] if p) or "base"
-            variants[label] = merge_layers(overrides, _dotted(cell, "grid"))
+            variants[_check_label(label, path)] = merge_layers(overrides, _dotted(cell, "grid"))
     if "seeds" in data and "splits" in data:
         raise ConfigError(f"study file {path}: give 'seeds' or 'splits', not both")
     protocol = "splits" if "splits" in data else "seeds"
@@ -131,7 +168,7 @@ def load_study(path: str | Path) -> StudySpec:
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
-                     all_embeddings=all_embeddings)
+                     all_embeddings=all_embeddings, overrides=_merged(command_line))
     for run in spec.runs():  # every run's config must be valid before anything starts
         try:
             build_config(*run.layers)

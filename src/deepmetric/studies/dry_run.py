@@ -1,0 +1,99 @@
+"""``deepmetric study FILE --dry-run``: every run of a study listed and built, no image read, nothing written.
+
+For each run: its name, repeat (seed or split) and the settings that make it differ from the base config; then
+its config is built, and its model (with the weights it names: a missing file or an unreachable download is that
+run's failure), objective and optimiser groups, as ``deepmetric train`` builds them. Runs that resolve to the
+same model, objective and groups are built once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import build_config
+from ..errors import DeepMetricError
+from .spec import StudyRun, StudySpec
+
+DRY_RUN_CLASSES = 100
+"""Training classes assumed for losses with per-class parameters (no data is read)."""
+
+
+@dataclass
+class DryRunRow:
+    run: str
+    repeat: str
+    settings: str
+    outcome: str
+    ok: bool
+
+
+def _flatten(layer: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in layer.items():
+        if isinstance(value, dict) and value and key not in ("head_options", "options", "regularizers", "groups"):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _settings(spec: StudySpec, run: StudyRun) -> str:
+    """The run's own settings: ``set``, its variant's overrides and the command line's, as ``key=value``."""
+    flat: dict[str, Any] = {}
+    for layer in run.layers[1:-1]:
+        flat.update(_flatten(layer))
+    return " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in flat.items()) or "(the base config)"
+
+
+def _build(config: Any) -> str:
+    """Build the run's model, objective and optimiser groups as training does; a summary of what was built."""
+    from ..losses import build_objective
+    from ..training.optim import build_optimizer
+    from ..training.setup import build_model
+
+    model = build_model(config)
+    objective = build_objective(config.loss, model.head, num_classes=DRY_RUN_CLASSES)
+    optimizer = build_optimizer(model, objective, config.train)
+    if config.generator.name is not None:
+        from ..generators import build_generator
+
+        d = config.data
+        build_generator(config.generator.name, config.generator.options, head=model.head,
+                        num_classes=DRY_RUN_CLASSES, batch_size=d.classes_per_batch * d.samples_per_class,
+                        lr=config.train.lr, seed=config.train.seed)
+    count = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in objective.parameters())
+    groups = ", ".join(group["name"] for group in optimizer.param_groups)
+    return f"ok: {count:,} parameters; groups {groups}"
+
+
+def dry_run(spec: StudySpec) -> list[DryRunRow]:
+    """Build every run of ``spec`` (see the module docstring); a row per run, in the order the study runs them."""
+    rows, built = [], {}
+    for run in spec.runs():
+        repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
+        try:
+            config = build_config(*run.layers)
+            plain = config.to_dict()
+            key = json.dumps({k: plain[k] for k in ("model", "loss", "generator")} | {"train": plain["train"]},
+                             sort_keys=True)
+            if key not in built:
+                try:
+                    built[key] = (_build(config), True)
+                except DeepMetricError as error:
+                    built[key] = (f"FAILS: {error}", False)
+                except Exception as error:  # noqa: BLE001 - a bug of ours fails the run too; list it, go on
+                    built[key] = (f"FAILS: {type(error).__name__}: {error}", False)
+            outcome, ok = built[key]
+        except DeepMetricError as error:
+            outcome, ok = f"FAILS: {error}", False
+        rows.append(DryRunRow(run.variant or "base", repeat, _settings(spec, run), outcome, ok))
+    return rows
+
+
+def format_dry_run(spec: StudySpec, rows: list[DryRunRow]) -> str:
+    lines = [f"study {spec.name}: {len(rows)} runs into {spec.out}"]
+    for row in rows:
+        lines.append(f"  {row.run} / {row.repeat}: {row.settings}\n      {row.outcome}")
+    return "\n".join(lines)
