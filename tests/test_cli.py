@@ -108,3 +108,23 @@ def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     assert loaded("--help") == "loaded:"
     assert loaded("metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--no-nmi") == "loaded: torch"
     assert loaded("train", "--data", "glyphs", "loss.name=binomal") == "loaded: torch"
+
+
+def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_full_disk_leaves(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "--no-test")[0] == 0
+    for change in ("model.embedding_dim=8", "model.head=bilinear"):
+        code, _, err = run(capsys, "train", "--resume", "--out", str(out_dir), change, "--no-test")
+        key = change.partition("=")[0]
+        assert code == 2 and f"cannot resume {out_dir} with {key}=" in err and "Traceback" not in err
+    log = out_dir / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"step": 5, "loss": 0.')  # a last line cut short
+    (out_dir / "environment.json").write_text('{"sessions": [')  # damaged
+    code, out, err = run(capsys, "train", "--resume", "--out", str(out_dir), "train.steps=6", "--no-test")
+    assert code == 0 and "trained 6 steps" in out
+    assert json.loads((out_dir / "environment.json").read_text())["sessions"]  # a new file, the old one kept:
+    assert (out_dir / "environment.json.damaged").read_text() == '{"sessions": ['
+    assert [r["step"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r][-1] == 6
+    (out_dir / "config.yaml").write_text("data: [unclosed\n")
+    code, _, err = run(capsys, "evaluate", str(out_dir))
+    assert code == 2 and "config.yaml is not valid YAML" in err and "Traceback" not in err

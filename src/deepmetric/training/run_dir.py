@@ -17,6 +17,7 @@ RUN/
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,23 @@ from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError
 from ..models import Embedder, create_model
 from .checkpoint import atomic_write_text, load_checkpoint, unprefixed
+
+log = logging.getLogger("deepmetric")
+
+# Settings that shape what ``last`` holds (the model's and objective's tensors, the optimiser's groups): a resumed
+# run must keep them. Weight files and the pretrained flag only matter before step 1, so they may change.
+FIXED_ON_RESUME = ("model.", "loss.", "generator.", "train.groups")
+FREE_ON_RESUME = ("model.weights", "model.trust_pickle", "model.pretrained")
+
+
+def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value and f"{prefix}{key}" != "train.groups":
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 class RunDir:
@@ -58,13 +76,27 @@ class RunDir:
         return self.path / "environment.json"
 
     def add_session(self, record: dict[str, Any]) -> None:
-        """Append a training session's record (``deepmetric.provenance.environment``) to ``environment.json``."""
+        """Append a training session's record (``deepmetric.provenance.environment``) to ``environment.json``; a
+        damaged file is kept beside it as ``environment.json.damaged`` and a new one started."""
         sessions = self.sessions()
+        if self.environment.is_file() and not sessions and self._damaged_sessions():
+            self.environment.replace(self.environment.with_name("environment.json.damaged"))
         atomic_write_text(self.environment, json.dumps({"sessions": [*sessions, record]}, indent=2))
 
+    def _damaged_sessions(self) -> bool:
+        try:
+            sessions = json.loads(self.environment.read_text())["sessions"]
+            return not isinstance(sessions, list)
+        except (ValueError, KeyError, TypeError):
+            return True
+
     def sessions(self) -> list[dict[str, Any]]:
-        """The training sessions recorded so far (none for runs trained before sessions were recorded)."""
+        """The training sessions recorded so far (none for runs trained before sessions were recorded, or when
+        the file is damaged, which a warning says)."""
         if not self.environment.is_file():
+            return []
+        if self._damaged_sessions():
+            log.warning("%s is damaged (not the JSON deepmetric writes); its sessions are not read", self.environment)
             return []
         return json.loads(self.environment.read_text())["sessions"]
 
@@ -87,7 +119,25 @@ class RunDir:
     def config(self) -> RunConfig:
         if not self.config_path.is_file():
             raise DeepMetricError(f"{self.path} is not a run directory (no config.yaml)")
-        return config_from_dict(yaml.safe_load(self.config_path.read_text()) or {})
+        try:
+            data = yaml.safe_load(self.config_path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            raise DeepMetricError(f"{self.config_path} is not valid YAML ({type(error).__name__}); it is the run's "
+                                  "resolved config, rewrite it or start a new run") from None
+        if not isinstance(data, dict):
+            raise DeepMetricError(f"{self.config_path} must hold a mapping of config sections")
+        return config_from_dict(data)
+
+    def check_resumable(self, config: RunConfig) -> None:
+        """Refuse, naming them, settings of ``config`` that differ from the run's saved ones and shape what its
+        ``last`` checkpoint holds (``FIXED_ON_RESUME``): resuming would not fit the saved tensors."""
+        saved, new = _flat(self.config().to_dict()), _flat(config.to_dict())
+        changed = [key for key in sorted(set(saved) | set(new)) if key.startswith(FIXED_ON_RESUME)
+                   and not key.startswith(FREE_ON_RESUME) and saved.get(key) != new.get(key)]
+        if changed:
+            shown = ", ".join(f"{key}={new.get(key)!r} (the run has {saved.get(key)!r})" for key in changed)
+            raise DeepMetricError(f"cannot resume {self.path} with {shown}: the model, objective and optimiser "
+                                  "groups must stay as the run was trained; start a new run (another --out) instead")
 
     def checkpoint(self, which: str = "auto") -> Path:
         """``best`` when it exists (or was asked for), else ``last``."""
@@ -111,9 +161,21 @@ class RunDir:
         atomic_write_text(self.metrics_log, "".join(json.dumps(r) + "\n" for r in kept))
 
     def read_log(self) -> list[dict[str, Any]]:
+        """The logged records; a last line cut short (what a full disk or a kill leaves) is left out with a
+        warning, a damaged line elsewhere is an error naming it."""
         if not self.metrics_log.is_file():
             return []
-        return [json.loads(line) for line in self.metrics_log.read_text().splitlines() if line.strip()]
+        lines = [(n, line) for n, line in enumerate(self.metrics_log.read_text(errors="replace").splitlines(), 1)
+                 if line.strip()]
+        records = []
+        for position, (number, line) in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                if position < len(lines) - 1:
+                    raise DeepMetricError(f"{self.metrics_log} line {number} is not JSON; the log is damaged") from None
+                log.warning("%s: its last line (%d) was cut short and is left out", self.metrics_log, number)
+        return records
 
 
 def model_from_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Embedder, dict[str, Any]]:

@@ -183,11 +183,13 @@ def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, gene
     log.info("generator diagnostics: %s", summary)
 
 
-def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext) -> None:
+def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext, config: RunConfig) -> None:
     if run.exists() and not resume:
         raise DeepMetricError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
     if resume and not run.last.is_file():
         raise DeepMetricError(f"cannot resume: {run.last} does not exist")
+    if resume:
+        run.check_resumable(config)
     context.barrier()  # every rank has looked before rank 0 writes (the directory appears with its first file)
 
 
@@ -204,7 +206,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     """Train ``config`` into run directory ``out`` (resuming from its ``last`` checkpoint if asked)."""
     context = context_from_env()
     run = RunDir(out)
-    _prepare_run_dir(run, resume, context)
+    _prepare_run_dir(run, resume, context, config)
     t = config.train
     if t.threads:
         torch.set_num_threads(t.threads)
