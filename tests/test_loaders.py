@@ -350,3 +350,34 @@ def test_an_image_with_too_many_pixels_is_refused_from_its_header(tmp_path):
     huge.write_bytes(png_bomb(50_000, 50_000))  # beyond PIL's own cap, which raises in Image.open
     with pytest.raises(DataError, match="huge.png has too many pixels"):
         read_image(huge)
+
+
+def test_the_protocol_is_checked_when_a_data_set_is_loaded(tmp_path):
+    """Before any training: test classes seen in training are refused (they were called "unseen", R@1 100), and
+    so are a test split without rows, queries or gallery (an empty gallery crashed after training)."""
+    for i in range(6):
+        write_image(tmp_path / "img" / f"{i}.png", value=40 * i)
+    header = "path,label,split,is_query,is_gallery\n"
+    train = "img/0.png,0,train,1,1\nimg/1.png,0,train,1,1\nimg/2.png,1,train,1,1\nimg/3.png,1,train,1,1\n"
+    cases = {
+        train + "img/4.png,1,test,1,1\nimg/5.png,1,test,1,1\n": "1 test class.*also have training rows",
+        train: "has no test rows",
+        train + "img/4.png,7,test,1,0\nimg/5.png,7,test,1,0\n": "no test row is a gallery",
+        train + "img/4.png,7,test,0,1\nimg/5.png,7,test,0,1\n": "no test row is a query",
+        train + "img/4.png,1,val,1,1\nimg/5.png,7,test,1,1\n": "1 val class.*also have training rows",
+    }
+    for rows, message in cases.items():
+        (tmp_path / "t.csv").write_text(header + rows)
+        with pytest.raises(DataError, match=message):
+            load_dataset(f"csv:{tmp_path / 't.csv'}")
+    (tmp_path / "t.csv").write_text(header + train + "img/4.png,7,test,1,1\nimg/5.png,7,test,1,1\n")
+    assert load_dataset(f"csv:{tmp_path / 't.csv'}").count("test") == 2
+
+
+def test_empty_embeddings_are_one_clear_error():
+    from deepmetric.errors import DeepMetricError
+    from deepmetric.evaluation import retrieval_metrics
+
+    query, labels = np.eye(4, dtype=np.float32), np.array([0, 0, 1, 1])
+    with pytest.raises(DeepMetricError, match="gallery embeddings are empty"):
+        retrieval_metrics(query, labels, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))

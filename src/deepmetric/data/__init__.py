@@ -27,7 +27,7 @@ from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
 from .sampler import PKSampler
-from .table import RetrievalDataset, check_paths_exist
+from .table import RetrievalDataset, check_paths_exist, check_protocol
 from .transforms import TestTransform, TrainTransform
 
 DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry(
@@ -92,4 +92,5 @@ def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fra
     table.meta["spec"] = spec
     if check_files and not table.in_memory:
         check_paths_exist(table.name, [str(p) for p in table.images], path or table.name)
+    check_protocol(table)
     return carve_validation(table, val_fraction, val_seed)

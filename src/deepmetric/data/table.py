@@ -22,6 +22,28 @@ from .images import crop_to_box, read_image
 SPLITS = ("train", "val", "test")
 
 
+def check_protocol(table: RetrievalDataset) -> None:
+    """The zero-shot protocol's promises, checked when a data set is loaded (before any training): a test split
+    with queries and a gallery, and test (and validation) classes that no training row has. A test class that
+    was trained on would be reported as "unseen" with an inflated Recall@K."""
+    test = table.splits == "test"
+    if not test.any():
+        raise DataError(f"{table.name} has no test rows (split 'test'): zero-shot retrieval is measured on test "
+                        "classes that training never saw")
+    for flag, role in ((table.is_query, "query"), (table.is_gallery, "gallery")):
+        if not (test & flag).any():
+            raise DataError(f"{table.name}: no test row is a {role} (is_{role} is false on all "
+                            f"{int(test.sum()):,} test rows); the test split needs queries and a gallery")
+    trained = table.labels[table.splits == "train"]
+    for split in ("val", "test"):
+        shared = np.intersect1d(trained, table.labels[table.splits == split])
+        if len(shared):
+            shown = ", ".join(table.class_names.get(int(c), str(int(c))) for c in shared[:5])
+            raise DataError(f"{table.name}: {len(shared):,} {split} class(es) also have training rows (e.g. {shown});"
+                            f" zero-shot retrieval {'selects' if split == 'val' else 'tests'} on classes that "
+                            "training never saw: give them their own labels or move their rows")
+
+
 @dataclass
 class RetrievalDataset:
     """A table of N images: ``images`` (paths or array), ``labels``, ``splits``, ``is_query``, ``is_gallery``."""

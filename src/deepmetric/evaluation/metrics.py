@@ -37,6 +37,8 @@ def _as_tensor(array: np.ndarray | torch.Tensor, name: str) -> torch.Tensor:
     tensor = torch.as_tensor(array)
     if tensor.ndim != 2:
         raise DeepMetricError(f"{name} must be a 2-D array (n, D), got shape {tuple(tensor.shape)}")
+    if tensor.shape[0] == 0:
+        raise DeepMetricError(f"{name} are empty (0 rows)")
     tensor = tensor.float()
     if not torch.isfinite(tensor).all():
         raise DeepMetricError(f"{name} contains NaN or infinite values")
