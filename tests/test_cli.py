@@ -128,3 +128,34 @@ def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_f
     (out_dir / "config.yaml").write_text("data: [unclosed\n")
     code, _, err = run(capsys, "evaluate", str(out_dir))
     assert code == 2 and "config.yaml is not valid YAML" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "IDX", "--port", "99999"], "argument --port: must be >= 0 and <= 65535, got '99999'"),
+    (["index", "RUN", "--images", "x", "--out", "y", "--batch-size", "-4"], "--batch-size: must be >= 1"),
+    (["train", "--nproc", "-1"], "--nproc: must be >= 1"),
+    (["train", "--steps", "1e400"], "--steps: expected an integer, got '1e400'"),
+    (["serve", "IDX", "--timeout", "nan"], "--timeout: must be > 0, got 'nan'"),
+    (["search", "IDX", "--image", "q.png", "--k", "0"], "--k: must be >= 1"),
+])
+def test_bad_numbers_on_the_command_line_are_refused_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_metrics_refuses_absurd_ranks_and_errors_escape_control_characters(tmp_path, capsys):
+    np.save(tmp_path / "e.npy", np.eye(4, dtype=np.float32))
+    np.save(tmp_path / "l.npy", np.array([0, 0, 1, 1]))
+    code, _, err = run(capsys, "metrics", str(tmp_path / "e.npy"), str(tmp_path / "l.npy"), "--recall-at",
+                       "99999999999999999999")
+    assert code == 2 and "--recall-at must hold ranks from 1 to 1,000,000" in err
+    code, _, err = run(capsys, "train", "--head", "\x1b[31mred", "--data", "digits")
+    assert code == 2 and "\x1b" not in err and "unknown head '\\x1b[31mred'" in err
+
+
+def test_metrics_with_string_labels_is_one_line(tmp_path, capsys):
+    np.save(tmp_path / "e.npy", np.eye(4, dtype=np.float32))
+    np.save(tmp_path / "l.npy", np.array(["cat", "cat", "dog", "dog"]))
+    code, _, err = run(capsys, "metrics", str(tmp_path / "e.npy"), str(tmp_path / "l.npy"))
+    assert code == 2 and "must be integer class labels, got an array of <U3" in err and "Traceback" not in err

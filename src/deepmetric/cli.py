@@ -22,6 +22,36 @@ from .errors import DeepMetricError, TrainingInterrupted
 
 log = logging.getLogger("deepmetric")
 
+MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
+
+
+def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Any:
+    """An argparse type: ``kind`` (int or float) within [low, high] (low excluded with ``low_open``), finite."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+                                             ) from None
+        if value != value or value in (float("inf"), float("-inf")) or (value <= low if low_open else value < low) \
+                or (high is not None and value > high):
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}{f' and <= {high:g}' if high is not None else ''}, "
+                                             f"got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT, COUNT, POSITIVE = _number(int, 1), _number(int, 0), _number(float, 0, low_open=True)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (newlines kept): an error quoting user input must not drive the
+    terminal (an ESC sequence in a head name reached it raw)."""
+    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
 
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags: dict[str, Any] = {}
@@ -134,8 +164,6 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from .retrieval import Searcher
 
-    if args.k < 1:
-        raise DeepMetricError(f"--k must be at least 1, got {args.k}")
     searcher = Searcher(args.index_dir)
     hits = searcher.search_file(args.image, args.k)
     if args.json:
@@ -154,11 +182,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as missing:
         raise DeepMetricError(f"serving needs fastapi, uvicorn and python-multipart ({missing.name} is missing): "
                               "pip install 'deepmetric[serve]'") from None
-    for name in ("max_body_mb", "max_megapixels", "workers", "timeout", "max_k"):
-        if getattr(args, name) <= 0:
-            raise DeepMetricError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.queue < 0:
-        raise DeepMetricError(f"--queue must be 0 or more, got {args.queue}")
     limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
                            workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
     serve(args.index_dir, args.host, args.port, limits)
@@ -223,8 +246,8 @@ def _parse_ranks(text: str) -> list[int]:
         ranks = [int(k) for k in text.split(",") if k.strip()]
     except ValueError:
         raise DeepMetricError(f"--recall-at must be comma-separated integers, got '{text}'") from None
-    if not ranks or min(ranks) < 1:
-        raise DeepMetricError(f"--recall-at must hold positive ranks, got '{text}'")
+    if not ranks or min(ranks) < 1 or max(ranks) > MAX_RANK:
+        raise DeepMetricError(f"--recall-at must hold ranks from 1 to {MAX_RANK:,}, got '{text}'")
     return ranks
 
 
@@ -248,7 +271,7 @@ def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> Non
     """The options every command that loads a run's model shares: checkpoint, batch size, progress."""
     p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
     if batch_size:
-        p.add_argument("--batch-size", type=int)
+        p.add_argument("--batch-size", type=POSITIVE_INT)
     p.add_argument("--quiet", action="store_true")
 
 
@@ -268,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", help="gap (default), diablo, abe, mheads, dgml, n-/m-/g-/c-grouping, deml, "
                    "bilinear, jcf")
     p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")
-    p.add_argument("--steps", type=int, help="number of training steps")
+    p.add_argument("--steps", type=COUNT, help="number of training steps")
     p.add_argument("--regularizer", action="append", metavar="NAME",
                    help="add a regulariser with its default options (repeatable), e.g. horde; options and "
                    "weight come from loss.regularizers.NAME.* overrides or the config")
@@ -283,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow model.weights to be a legacy pickled torch file (.pt/.pth) you trust")
     p.add_argument("--no-test", action="store_true", help="skip the test evaluation at the end")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--nproc", type=int, default=1,
+    p.add_argument("--nproc", type=POSITIVE_INT, default=1,
                    help="train with N local processes on torch.distributed (gloo on CPU, NCCL on GPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
     p.set_defaults(func=cmd_train)
@@ -299,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "concatenation reduced by a PCA fitted on the training split, and those the head computes "
                    "(DeML: each scale alone; ABE, M-heads: each learner alone, then their mean and std); writes "
                    "RUN_DIR/metrics-all-embeddings.json")
-    p.add_argument("--pca-dim", type=int, default=512, help="dimension kept by that PCA (default 512)")
+    p.add_argument("--pca-dim", type=POSITIVE_INT, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
@@ -319,15 +342,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="index folder to create (or to extend with --add)")
     p.add_argument("--add", action="store_true", help="append the images to the existing index in --out (same model)")
     p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 1,000 images)")
-    p.add_argument("--nlist", type=int, help="IVF-PQ cells (default about 4 sqrt(N), at most N / 39)")
-    p.add_argument("--pq-m", type=int, help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
+    p.add_argument("--nlist", type=POSITIVE_INT, help="IVF-PQ cells (default about 4 sqrt(N), at most N / 39)")
+    p.add_argument("--pq-m", type=POSITIVE_INT,
+                   help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
     _add_run_options(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
     p.add_argument("index_dir")
     p.add_argument("--image", required=True, help="the query image")
-    p.add_argument("--k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object: query, results [{id, name, score}]")
     p.set_defaults(func=cmd_search)
 
@@ -337,14 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "Errors are JSON {\"error\": ...}; bad input gets a 4xx.")
     p.add_argument("index_dir")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-body-mb", type=float, default=10.0, help="largest request body in MiB (default 10)")
-    p.add_argument("--max-megapixels", type=float, default=40.0,
+    p.add_argument("--port", type=_number(int, 0, 65535), default=8000)
+    p.add_argument("--max-body-mb", type=POSITIVE, default=10.0, help="largest request body in MiB (default 10)")
+    p.add_argument("--max-megapixels", type=POSITIVE, default=40.0,
                    help="largest query image in megapixels, checked before decoding (default 40)")
-    p.add_argument("--workers", type=int, default=2, help="searches running at once (default 2)")
-    p.add_argument("--queue", type=int, default=16, help="requests waiting beyond those before 503 (default 16)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request is answered 503 (30)")
-    p.add_argument("--max-k", type=int, default=100, help="largest k a client may ask for (default 100)")
+    p.add_argument("--workers", type=POSITIVE_INT, default=2, help="searches running at once (default 2)")
+    p.add_argument("--queue", type=COUNT, default=16, help="requests waiting beyond those before 503 (default 16)")
+    p.add_argument("--timeout", type=POSITIVE, default=30.0, help="seconds before a request is answered 503 (30)")
+    p.add_argument("--max-k", type=POSITIVE_INT, default=100, help="largest k a client may ask for (default 100)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
@@ -378,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="?", const=True, metavar="SPEC",
                    help="a data set spec, or nothing for the run's own: writes OUT/top<K>-<split>.png")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split of --data (test)")
-    p.add_argument("--top", type=int, default=12, help="images per group for --data (12, as DGML's figures)")
+    p.add_argument("--top", type=POSITIVE_INT, default=12, help="images per group for --data (12, as DGML's figures)")
     p.add_argument("--out", required=True, help="output folder")
     _add_run_options(p)
     p.set_defaults(func=cmd_explain)
@@ -404,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     # key=value overrides may sit anywhere among the flags of `train` and `study`
     stray = [a for a in extra if a.startswith("-") or "=" not in a or args.command not in ("train", "study")]
     if stray:
-        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+        parser.error(f"unrecognized arguments: {printable(' '.join(stray))}")
     if extra:
         args.overrides = [*args.overrides, *extra]
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
@@ -416,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(stopped), file=sys.stderr)
         return 128 + stopped.signum
     except DeepMetricError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

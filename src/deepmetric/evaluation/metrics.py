@@ -46,7 +46,11 @@ def _as_tensor(array: np.ndarray | torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _as_labels(array: np.ndarray | torch.Tensor, n: int, name: str) -> torch.Tensor:
-    labels = torch.as_tensor(np.asarray(array)).reshape(-1)
+    values = array if isinstance(array, torch.Tensor) else np.asarray(array)
+    if isinstance(values, np.ndarray) and values.dtype.kind not in "biuf":
+        raise DeepMetricError(f"{name} must be integer class labels, got an array of {values.dtype} (map names to "
+                              "integers first)")
+    labels = torch.as_tensor(values).reshape(-1)
     if labels.dtype.is_floating_point:
         if not torch.equal(labels, labels.round()):
             raise DeepMetricError(f"{name} must be integer class labels")
