@@ -198,3 +198,62 @@ def test_store_rejects_foreign_and_inconsistent_folders(tmp_path):
     (folder / "index.json").write_text(json.dumps(data))
     with pytest.raises(IndexStoreError, match="lists 4 items but says count 5"):
         store.read_manifest(folder)
+
+
+def test_hand_edited_indexes_and_checkpoints_are_one_error(tiny_run, tmp_path, capsys):
+    """What is read back is validated as strictly as what a user types: every case is exit 2 with one line."""
+    from safetensors.torch import load_file, save_file
+
+    make_gallery(tmp_path / "gallery", 4)
+    index = tmp_path / "index"
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0
+    query = tmp_path / "gallery" / json.loads((index / "index.json").read_text())["items"][0]["path"]
+    pristine = (index / "index.json").read_text()
+    edits = {"model.image_size=0": (("model", "image_size"), 0),
+             "model.test_resize=evil": (("model", "test_resize"), "evil"),
+             "kind": (("kind",), "hnsw"),
+             "huge nprobe": (("ivf_pq",), {"nlist": 4, "m": 2, "nbits": 8, "nprobe": 10**12})}
+    for name, (keys, value) in edits.items():
+        data = json.loads(pristine)
+        target = data
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+        (index / "index.json").write_text(json.dumps(data))
+        code, _, err = run(capsys, "search", index, "--image", query)
+        assert code == 2 and "damaged index manifest" in err and "Traceback" not in err, name
+    (index / "index.json").write_text(pristine)
+    vectors = faiss_index.deserialize((index / "faiss-1.index").read_bytes(), None).reconstruct_n(0, 4)
+    vectors[1, 0] = float("nan")  # a flat index searches the faiss file's vectors (it returned no results)
+    (index / "faiss-1.index").write_bytes(faiss_index.serialize(faiss_index.build_faiss(vectors, "flat")))
+    code, _, err = run(capsys, "search", index, "--image", query)
+    assert code == 2 and "NaN or infinite vectors" in err
+    embeddings = load_file(index / "embeddings-1.safetensors")  # what IVF-PQ re-ranks with
+    embeddings["embeddings"][1, 0] = float("nan")
+    save_file(embeddings, index / "embeddings-1.safetensors", metadata={"format": store.FORMAT})
+    with pytest.raises(IndexStoreError, match=r"NaN or infinite embeddings \(1 rows\)"):
+        store.read_embeddings(index, read_manifest(index))
+
+    from deepmetric.training.checkpoint import FORMAT
+
+    last = tiny_run / "checkpoints" / "last.safetensors"
+    tensors = load_file(last)
+    header = json.loads(last.read_bytes()[8:8 + int.from_bytes(last.read_bytes()[:8], "little")])["__metadata__"]
+    state = json.loads(header["state"])
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_run, broken)
+    target = broken / "checkpoints" / "last.safetensors"
+    (broken / "checkpoints" / "best.safetensors").unlink(missing_ok=True)
+    damaged_states = {"not JSON": "{bad", "no model_spec": json.dumps({k: v for k, v in state.items()
+                                                                       if k != "model_spec"}),
+                      "extra key": json.dumps({**state, "model_spec": {**state["model_spec"], "evil": 1}})}
+    for name, text in damaged_states.items():
+        save_file(tensors, target, metadata={"format": FORMAT, "state": text})
+        code, _, err = run(capsys, "evaluate", broken, "--quiet")
+        assert code == 2 and "Traceback" not in err and ("damaged header" in err or "model_spec" in err), name
+    nan = dict(tensors)
+    key = next(k for k in nan if k.startswith("model.") and nan[k].is_floating_point())
+    nan[key] = nan[key].clone().fill_(float("nan"))
+    save_file(nan, target, metadata=header)
+    code, _, err = run(capsys, "evaluate", broken, "--quiet")
+    assert code == 2 and "NaN or infinite weights" in err

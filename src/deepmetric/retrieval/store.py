@@ -103,7 +103,44 @@ def _manifest_from_dict(data: dict[str, Any], where: Path) -> IndexManifest:
         raise IndexStoreError(f"{where} is a damaged index manifest ({error!r})") from None
     if manifest.count != int(data.get("count", -1)):
         raise IndexStoreError(f"{where} lists {manifest.count} items but says count {data.get('count')}")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise IndexStoreError(f"{where} is a damaged index manifest: {problem}")
     return manifest
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _manifest_problem(manifest: IndexManifest) -> str | None:
+    """What is wrong with a manifest's values (a hand-edited ``index.json``), or None: everything that the search
+    reads from it is checked here, so that a bad value is one error rather than a traceback later."""
+    from ..config import TEST_RESIZE_MODES
+
+    model = manifest.model
+    if manifest.kind not in faiss_index.KINDS:
+        return f"kind {manifest.kind!r} is not one of {', '.join(faiss_index.KINDS)}"
+    if not _is_int(manifest.embedding_dim, 1, 1 << 20):
+        return f"embedding_dim {manifest.embedding_dim!r} is not a positive integer"
+    if not isinstance(model, dict) or not isinstance(model.get("spec"), dict):
+        return "its 'model' entry is not the record deepmetric writes"
+    if not _is_int(model.get("image_size"), 8, 8192):
+        return f"model.image_size {model.get('image_size')!r} is not an integer from 8 to 8192"
+    if model.get("test_resize") not in TEST_RESIZE_MODES:
+        return f"model.test_resize {model.get('test_resize')!r} is not one of {', '.join(TEST_RESIZE_MODES)}"
+    if not isinstance(model.get("checkpoint"), str) or not isinstance(model.get("checkpoint_sha256"), str):
+        return "model.checkpoint and model.checkpoint_sha256 must be strings"
+    if manifest.ivf_pq is not None:
+        params = manifest.ivf_pq
+        if not isinstance(params, dict) or not all(_is_int(params.get(k), 1, 1 << 24) for k in ("nlist", "m", "nbits",
+                                                                                                 "nprobe")):
+            return f"ivf_pq {params!r} must give positive integers nlist, m, nbits and nprobe"
+        if params["nprobe"] > params["nlist"]:
+            return f"ivf_pq.nprobe {params['nprobe']} is larger than nlist {params['nlist']}"
+    if not isinstance(manifest.items, list) or not all(isinstance(item, dict) for item in manifest.items):
+        return "its 'items' entry is not a list of records"
+    return None
 
 
 def read_manifest(index_dir: str | Path) -> IndexManifest:
@@ -131,6 +168,9 @@ def read_embeddings(index_dir: str | Path, manifest: IndexManifest) -> np.ndarra
     if x.shape != (manifest.count, manifest.embedding_dim):
         raise IndexStoreError(f"{path} holds {x.shape} embeddings, the manifest says "
                               f"({manifest.count}, {manifest.embedding_dim})")
+    if not np.isfinite(x).all():
+        raise IndexStoreError(f"{path} holds NaN or infinite embeddings ({int((~np.isfinite(x)).any(1).sum()):,} "
+                              "rows); the index is damaged: rebuild it")
     return x
 
 
@@ -144,6 +184,8 @@ def read_faiss(index_dir: str | Path, manifest: IndexManifest) -> Any:
     if index.ntotal != manifest.count or index.d != manifest.embedding_dim:
         raise IndexStoreError(f"{path} holds {index.ntotal} vectors of {index.d} dimensions, the manifest says "
                               f"{manifest.count} of {manifest.embedding_dim}")
+    if manifest.kind == "flat" and index.ntotal and not np.isfinite(index.reconstruct_n(0, index.ntotal)).all():
+        raise IndexStoreError(f"{path} holds NaN or infinite vectors; the index is damaged: rebuild it")
     return index
 
 

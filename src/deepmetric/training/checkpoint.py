@@ -106,7 +106,13 @@ def _state(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a safetensors file but not a deepmetric checkpoint "
                               f"(format {metadata.get('format')!r})")
-    return json.loads(metadata["state"])
+    try:
+        state = json.loads(metadata["state"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path} has a damaged header: its 'state' is missing or not JSON ({error!r})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} has a damaged header: its 'state' is not a JSON object")
+    return state
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

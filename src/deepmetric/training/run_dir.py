@@ -33,6 +33,8 @@ log = logging.getLogger("deepmetric")
 
 # Settings that shape what ``last`` holds (the model's and objective's tensors, the optimiser's groups): a resumed
 # run must keep them. Weight files and the pretrained flag only matter before step 1, so they may change.
+MODEL_SPEC_KEYS = {"backbone", "head", "embedding_dim", "split", "freeze_bn", "head_options"}
+"""What ``Embedder.spec`` holds: the arguments of ``create_model`` that rebuild the architecture."""
 FIXED_ON_RESUME = ("model.", "loss.", "generator.", "train.groups")
 FREE_ON_RESUME = ("model.weights", "model.trust_pickle", "model.pretrained")
 
@@ -187,10 +189,21 @@ def model_from_checkpoint(path: Path, device: str | torch.device = "cpu") -> tup
 def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], path: Path,
                        device: str | torch.device = "cpu") -> Embedder:
     """``model_from_checkpoint`` for a checkpoint already read (``path`` only names it in errors)."""
-    spec = dict(state["model_spec"])
+    spec = state.get("model_spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("head_options", {}), dict):
+        raise CheckpointError(f"{path} has no model_spec describing its model (a damaged or hand-edited header)")
+    spec = dict(spec)
+    unknown = sorted(set(spec) - MODEL_SPEC_KEYS)
+    if unknown:
+        raise CheckpointError(f"{path}: its model_spec has unknown key(s) {unknown}; expected "
+                              f"{', '.join(sorted(MODEL_SPEC_KEYS))}")
     options = spec.pop("head_options", {})
     model = create_model(pretrained=False, **spec, **options)
-    result = model.load_state_dict(unprefixed("model", tensors), strict=False)
+    weights = unprefixed("model", tensors)
+    damaged = [name for name, value in weights.items() if value.is_floating_point() and not value.isfinite().all()]
+    if damaged:
+        raise CheckpointError(f"{path} holds NaN or infinite weights ({len(damaged)} tensors, e.g. {damaged[0]})")
+    result = model.load_state_dict(weights, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{path} does not fit the model it describes: missing {result.missing_keys[:5]}, "
                               f"unexpected {result.unexpected_keys[:5]}")
