@@ -19,7 +19,7 @@ from ..data.transforms import TestTransform
 from ..errors import IndexStoreError
 from ..training.run_dir import model_from_checkpoint
 from .build import file_sha256
-from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
+from .store import MANIFEST, IndexManifest, check_model_record, read_embeddings, read_faiss, read_manifest
 
 
 @dataclass
@@ -75,6 +75,7 @@ class Searcher(IndexSearcher):
 
     def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
         super().__init__(index_dir)
+        check_model_record(self.manifest, self.index_dir / MANIFEST)
         model_info = self.manifest.model
         checkpoint = Path(model_info["checkpoint"])
         if not checkpoint.is_file():

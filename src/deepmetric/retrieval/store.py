@@ -109,6 +109,22 @@ def _manifest_from_dict(data: dict[str, Any], where: Path) -> IndexManifest:
     return manifest
 
 
+def check_model_record(manifest: IndexManifest, where: Path) -> None:
+    """The model record that embeds queries (``Searcher``; an index searched by vectors alone needs none)."""
+    from ..config import TEST_RESIZE_MODES
+
+    model = manifest.model
+    problem = None
+    if not _is_int(model.get("image_size"), 8, 8192):
+        problem = f"model.image_size {model.get('image_size')!r} is not an integer from 8 to 8192"
+    elif model.get("test_resize") not in TEST_RESIZE_MODES:
+        problem = f"model.test_resize {model.get('test_resize')!r} is not one of {', '.join(TEST_RESIZE_MODES)}"
+    elif not isinstance(model.get("checkpoint"), str) or not isinstance(model.get("checkpoint_sha256"), str):
+        problem = "model.checkpoint and model.checkpoint_sha256 must be strings"
+    if problem:
+        raise IndexStoreError(f"{where} is a damaged index manifest: {problem}")
+
+
 def _is_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
@@ -116,21 +132,12 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 def _manifest_problem(manifest: IndexManifest) -> str | None:
     """What is wrong with a manifest's values (a hand-edited ``index.json``), or None: everything that the search
     reads from it is checked here, so that a bad value is one error rather than a traceback later."""
-    from ..config import TEST_RESIZE_MODES
-
-    model = manifest.model
     if manifest.kind not in faiss_index.KINDS:
         return f"kind {manifest.kind!r} is not one of {', '.join(faiss_index.KINDS)}"
     if not _is_int(manifest.embedding_dim, 1, 1 << 20):
         return f"embedding_dim {manifest.embedding_dim!r} is not a positive integer"
-    if not isinstance(model, dict) or not isinstance(model.get("spec"), dict):
+    if not isinstance(manifest.model, dict) or not isinstance(manifest.model.get("spec"), dict):
         return "its 'model' entry is not the record deepmetric writes"
-    if not _is_int(model.get("image_size"), 8, 8192):
-        return f"model.image_size {model.get('image_size')!r} is not an integer from 8 to 8192"
-    if model.get("test_resize") not in TEST_RESIZE_MODES:
-        return f"model.test_resize {model.get('test_resize')!r} is not one of {', '.join(TEST_RESIZE_MODES)}"
-    if not isinstance(model.get("checkpoint"), str) or not isinstance(model.get("checkpoint_sha256"), str):
-        return "model.checkpoint and model.checkpoint_sha256 must be strings"
     if manifest.ivf_pq is not None:
         params = manifest.ivf_pq
         if not isinstance(params, dict) or not all(_is_int(params.get(k), 1, 1 << 24) for k in ("nlist", "m", "nbits",
