@@ -260,3 +260,50 @@ def test_serve_binds_this_machine_only_by_default():
 
     args = build_parser().parse_args(["serve", "some.index"])
     assert args.host == "127.0.0.1"
+
+
+def test_slow_clients_are_cut_off_and_connections_are_bounded(searcher):
+    """Partial headers, a body dripped one byte at a time and too many connections: each gets a bounded answer
+    (a slowloris held 40 connections open for 75 s and more before)."""
+    import socket
+    import time
+
+    limits = ServiceLimits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=4)
+
+    def wait_closed(sock: socket.socket, within: float) -> bytes:
+        sock.settimeout(within)
+        answer = b""
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except TimeoutError:
+            raise AssertionError(f"the server kept the connection open for {within} s") from None
+        return answer
+
+    with BackgroundServer(create_app(searcher, limits), limits=limits) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        address = (host, int(port))
+        slow_head = [socket.create_connection(address) for _ in range(3)]
+        for sock in slow_head:
+            sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+        started = time.monotonic()
+        assert all(wait_closed(sock, 5.0) == b"" for sock in slow_head)
+        assert time.monotonic() - started < 4.0
+        drip = socket.create_connection(address)
+        drip.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                     b"Content-Length: 1000\r\n\r\n")
+        try:
+            for byte in b"--b\r\nCont":  # a valid start, one byte every 0.2 s: 1.8 s for 9 of the 1,000 bytes
+                drip.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed while we dripped
+        answer = wait_closed(drip, 5.0)
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
+        crowd = [socket.create_connection(address) for _ in range(6)]
+        for sock in crowd:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        statuses = sorted(wait_closed(sock, 5.0).split(b" ", 2)[1] for sock in crowd)
+        assert b"503" in statuses and set(statuses) <= {b"200", b"503"}  # 6 open connections > 4: answered 503
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/health").status_code == 200  # and the server still serves

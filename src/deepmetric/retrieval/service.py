@@ -9,7 +9,9 @@ refused with 413 (from Content-Length before reading, or while streaming); the f
 bytes and images over ``max_pixels`` are refused before decoding (``uploads``); at most ``workers``
 searches run at once with at most ``queue`` more waiting, beyond which the answer is 503; a search that
 takes longer than ``timeout_s`` is answered 503 (its worker finishes in the background and still counts
-against the limit). Every error is JSON ``{"error": "..."}``; bad input always gets a 4xx.
+against the limit). A connection must send its request head within ``header_timeout_s`` and its body within
+``body_timeout_s`` (408), and at most ``max_connections`` are served at once (``connections``). Every error is
+JSON ``{"error": "..."}``; bad input always gets a 4xx.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from ..errors import DeepMetricError, UploadError
+from .connections import uvicorn_config
 from .uploads import decode_upload, gallery_thumbnail
 
 log = logging.getLogger("deepmetric.serve")
@@ -59,6 +62,12 @@ class ServiceLimits:
     default_k: int = 10
     thumbnail_px: int = 256
     thumbnail_cache: int = 512
+    header_timeout_s: float = 10.0
+    """A connection must send a whole request line and headers within this (slow clients are cut off)."""
+    body_timeout_s: float = 30.0
+    """A request body must arrive within this once its headers have (else 408)."""
+    max_connections: int = 64
+    """Connections served at once; beyond them uvicorn answers 503."""
 
 
 class RequestTooLarge(Exception):
@@ -69,12 +78,19 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
-class LimitBodySize:
-    """ASGI middleware: refuse bodies over ``max_bytes`` (413 JSON), by Content-Length or while streaming."""
+class BodyTooSlow(Exception):
+    """Raised from the wrapped ``receive`` once a body has not arrived within its deadline."""
 
-    def __init__(self, app: Any, max_bytes: int):
+
+class LimitBodySize:
+    """ASGI middleware: refuse bodies over ``max_bytes`` (413 JSON), by Content-Length or while streaming, and
+    bodies that do not arrive within ``timeout_s`` of the request's start (408 JSON: a client sending one byte
+    every few seconds held its connection and its upload buffer indefinitely)."""
+
+    def __init__(self, app: Any, max_bytes: int, timeout_s: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def _reply(self, send: Any, status: int, message: str) -> None:
         body = error_body(message)
@@ -98,14 +114,22 @@ class LimitBodySize:
                 return
         received = 0
         started = False
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited_receive() -> dict:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # later receives wait for a disconnect: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - asyncio.get_running_loop().time(), 0))
+            except TimeoutError:
+                raise BodyTooSlow() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     raise RequestTooLarge()
+                body_done = not message.get("more_body", False)
             return message
 
         async def tracked_send(message: dict) -> None:
@@ -118,6 +142,9 @@ class LimitBodySize:
         except RequestTooLarge:
             if not started:
                 await self._reply(send, 413, too_large)
+        except BodyTooSlow:
+            if not started:
+                await self._reply(send, 408, f"the request body did not arrive within {self.timeout_s:g} s")
 
 
 class SecurityHeaders:
@@ -246,6 +273,10 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
     async def too_large(_: Request, exc: RequestTooLarge) -> JSONResponse:
         return error(413, f"the request body is larger than the limit of {limits.max_body_bytes:,} bytes")
 
+    @app.exception_handler(BodyTooSlow)
+    async def too_slow(_: Request, exc: BodyTooSlow) -> JSONResponse:
+        return error(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
@@ -269,7 +300,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
     async def search(request: Request) -> dict[str, Any]:
         try:
             form = await request.form(max_files=1, max_fields=4, max_part_size=64 * 1024)
-        except (HTTPException, RequestTooLarge):
+        except (HTTPException, RequestTooLarge, BodyTooSlow):
             raise
         except Exception as exc:  # python-multipart on hostile bytes: any parse failure is the client's
             raise UploadError(f"malformed multipart body ({type(exc).__name__})", 400) from None
@@ -299,7 +330,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
         data = await gate.run(thumbnail_job, int(item))
         return Response(data, media_type="image/jpeg", headers={"cache-control": "public, max-age=3600"})
 
-    app.add_middleware(LimitBodySize, max_bytes=limits.max_body_bytes)
+    app.add_middleware(LimitBodySize, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     app.add_middleware(SecurityHeaders)
     return app
 
@@ -307,9 +338,10 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
 class BackgroundServer:
     """uvicorn serving ``app`` from a thread (tests and benchmarks); ``port=0`` picks a free port."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    lifespan="on", timeout_keep_alive=5))
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, limits: ServiceLimits | None = None):
+        limits = limits or ServiceLimits()
+        self.server = uvicorn.Server(uvicorn_config(app, host, port, limits.header_timeout_s, limits.max_connections,
+                                                    log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="deepmetric-uvicorn", daemon=True)
         self.host = host
 
@@ -340,4 +372,6 @@ def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Ser
         log.warning("serving on %s: every machine that can reach this port can query the index and read "
                     "thumbnails of every indexed image", host)
     log.info("serving %d images of %s on http://%s:%d", searcher.count, index_dir, host, port)
-    uvicorn.run(create_app(searcher, limits), host=host, port=port, log_level="info", timeout_keep_alive=5)
+    limits = limits or ServiceLimits()
+    uvicorn.Server(uvicorn_config(create_app(searcher, limits), host, port, limits.header_timeout_s,
+                                  limits.max_connections)).run()
