@@ -165,3 +165,13 @@ def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys)
     captured = capsys.readouterr()
     assert "FAILS: ABEHead: model.embedding_dim=1 is too small for 2 learners" in captured.out
     assert "2 of 4 runs would fail: abe / seed 0, abe / seed 1" in captured.err
+
+
+def test_results_csv_cells_cannot_run_as_spreadsheet_formulas():
+    from deepmetric.studies.aggregate import _csv
+
+    text = _csv([{"variant": '=HYPERLINK("http://evil.example/","click")', "data": "@SUM(1)", "recall@1": -0.5,
+                  "note": "+1", "ok": "gap"}])
+    row = next(csv.DictReader(text.splitlines()))
+    assert row["variant"].startswith("'=HYPERLINK") and row["data"] == "'@SUM(1)" and row["note"] == "'+1"
+    assert row["recall@1"] == "-0.5" and row["ok"] == "gap"  # numbers stay numbers

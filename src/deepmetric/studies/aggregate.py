@@ -132,7 +132,19 @@ def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     return figure_png(figure)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula (OWASP's CSV injection: ``=``, ``+``, ``-``, ``@``,
+    tab, CR) gets a leading ``'``; numbers are written as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _csv(rows: list[dict[str, Any]]) -> str:
+    rows = [{key: _cell(value) for key, value in row.items()} for row in rows]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
