@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from tqdm import tqdm
 
 from ..errors import DataError
+from ..progress import progress_bar
 from .images import box_problem, clip_box
 from .table import RetrievalDataset
 
@@ -83,7 +83,7 @@ def audit_images(table: RetrievalDataset, workers: int = 4, progress: bool = Tru
     with ThreadPoolExecutor(max_workers=workers) as pool:
         boxes = [None] * len(paths) if table.boxes is None else table.boxes.tolist()
         results = pool.map(image_problem, paths, boxes)
-        for row, problem in enumerate(tqdm(results, total=len(paths), desc="checking images", unit="image",
+        for row, problem in enumerate(progress_bar(results, total=len(paths), desc="checking images", unit="image",
                                            disable=not progress, leave=False)):
             if problem:
                 problems.append(BadItem(row, paths[row], problem))

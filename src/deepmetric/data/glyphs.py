@@ -112,7 +112,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     Writes ``images.npy`` (N, size, size) uint8, ``glyphs.csv`` (row, label, char, font), ``fonts.txt``
     and ``meta.json``; the directory appears complete or not at all.
     """
-    from tqdm import tqdm
+    from ..progress import progress_bar
 
     root = Path(root) if root is not None else data_home() / "glyphs"
     source = "given"
@@ -127,7 +127,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
         raise DataError("glyphs: no font covering all 175 characters was found, not even matplotlib's")
 
     rendered, used, seen = [], [], set()
-    for path in tqdm(fonts, desc="rendering glyphs", unit="font", disable=not progress):
+    for path in progress_bar(fonts, desc="rendering glyphs", unit="font", disable=not progress):
         images = render_font(path, GLYPH_CHARS, size)
         if images is None:
             continue

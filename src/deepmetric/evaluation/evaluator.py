@@ -6,13 +6,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..distributed import DistContext, gather_rows, shard_rows
 from ..models.heads import HeadOutput
+from ..progress import progress_bar
 from .metrics import compute_metrics
 
 
@@ -34,7 +34,7 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, image_size: i
     model.eval()
     chunks: dict[str, list[torch.Tensor]] = {}
     try:
-        for images, _, _ in tqdm(loader, desc=desc, unit="batch", disable=not progress, leave=False):
+        for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not progress, leave=False):
             for name, value in select(model(images.to(device))).items():
                 chunks.setdefault(name, []).append(value.float().cpu())
     finally:

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from ..config import RunConfig, save_config
 from ..data import PKSampler, TestTransform, TrainTransform
@@ -35,6 +34,7 @@ from ..evaluation import evaluate
 from ..generators import Generator, build_generator
 from ..losses import Objective, build_objective
 from ..models import Embedder
+from ..progress import progress_bar
 from ..provenance import environment
 from .checkpoint import (
     atomic_write_text,
@@ -116,7 +116,7 @@ def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, sc
 
 
 def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Objective, table: RetrievalDataset,
-              device: torch.device, step: int, best: dict[str, Any], bar: tqdm | None,
+              device: torch.device, step: int, best: dict[str, Any], bar: Any | None,
               context: DistContext) -> dict[str, Any]:
     """Evaluate the validation split (sharded across ranks), log it, and save ``best`` (with the objective's
     state, for evaluating auxiliary embeddings) when Recall@1 improves; returns the new best (the same on every
@@ -271,7 +271,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
 
     started = time.perf_counter()
     window_start, window_images, smoothed = time.perf_counter(), 0, None
-    bar = tqdm(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
+    bar = progress_bar(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
                dynamic_ncols=True)
     model.train()
     with stop_on_signals() as stop:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..config import RunConfig
 from ..data import load_dataset
@@ -27,6 +26,7 @@ from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..errors import DataError, DeepMetricError
 from ..models import Embedder
+from ..progress import progress_bar
 from ..training.checkpoint import atomic_write_bytes
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
@@ -51,7 +51,7 @@ def _attention_batches(model: Embedder, table: RetrievalDataset, config: RunConf
     """Yield (input images (B, 3, H, W), attention (B, P, h, w) on CPU, table rows)."""
     dataset = ImageDataset(table, TestTransform(config.data.image_size, config.data.test_resize))
     loader = inference_loader(dataset, batch_size or config.eval.batch_size, config.data.num_workers)
-    for images, _, rows in tqdm(loader, desc="attention", unit="batch", disable=not progress, leave=False):
+    for images, _, rows in progress_bar(loader, desc="attention", unit="batch", disable=not progress, leave=False):
         with torch.no_grad():
             attention = model(images.to(device)).attention
         yield images, attention.float().cpu(), rows
