@@ -4,11 +4,23 @@ Each preset's config resolves; its model (random weights, 64-px images), objecti
 it has one, example generator build; and one training step runs on a tiny random batch. A new preset is checked
 by adding its file. Study runs that resolve to a model, objective and optimiser already stepped are not
 stepped again.
+
+Each preset also says which published table it reproduces, in its first lines, one line per table:
+
+    # Reproduces: PAPER (citation) Table N, row "ROW AS PRINTED IN docs/reproduce.md"[, columns, remarks]
+    # Reproduces: no published table (why)
+
+PAPER is the first word of the docs/reproduce.md section that gives the table's figures (DIABLO, ABE, DGML, DeML,
+HORDE, MIRAGE); that section must name Table N and print the row. Every ``deepmetric train --config configs/...``
+and ``deepmetric study configs/...`` command in README.md, docs/ and the presets' comments names a file that exists.
 """
 
 from __future__ import annotations
 
+import glob
+import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,7 +34,8 @@ from deepmetric.studies import load_study
 from deepmetric.training.optim import build_optimizer
 from deepmetric.training.setup import build_model
 
-CONFIGS = Path(__file__).parent.parent / "configs"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
 PRESETS = sorted(p for p in CONFIGS.rglob("*.yaml") if CONFIGS / "studies" not in p.parents)
 STUDIES = sorted((CONFIGS / "studies").glob("*.yaml"))
 # Random weights, small images and batches: what is checked is that the pieces fit, not what they learn.
@@ -96,3 +109,89 @@ def test_every_study_run_builds_and_steps(study: Path):
             step_once(build_config(*run.layers, SMALL))
         except Exception as error:
             raise AssertionError(f"{study.name}, run {run.name}: {error}") from error
+
+
+# --- Which table each preset reproduces, and the commands the documentation gives ---------------------------------
+
+REPRODUCE = ROOT / "docs" / "reproduce.md"
+REPRODUCES = "# Reproduces: "
+ENTRY = re.compile(r'(?P<paper>DIABLO|ABE|DGML|DeML|HORDE|MIRAGE) \([^()]+\) Table (?P<table>\d+(?:\.\d+)?)'
+                   r'(?:, row "(?P<row>[^"]+)")?(?:, .+)?')
+NO_TABLE = re.compile(r"no published table \(.+\)")
+TABLES = re.compile(r"\bTables? (\d+(?:\.\d+)?)((?:\s*(?:[–-]|and)\s*\d+(?:\.\d+)?)*)")
+COMMAND = re.compile(r"deepmetric\s+(?:train\s+--config|study)\s+(configs/[^\s`'\"),;]+)")
+
+
+def reproduces(preset: Path) -> list[str]:
+    """The preset's ``# Reproduces:`` lines, which must be the first lines of the file."""
+    lines = preset.read_text(encoding="utf-8").splitlines()
+    entries = [line.removeprefix(REPRODUCES) for line in itertools.takewhile(lambda x: x.startswith(REPRODUCES), lines)]
+    assert not any("Reproduces:" in line for line in lines[len(entries):]), "a Reproduces line below the first lines"
+    return entries
+
+
+def paper_sections(markdown: str) -> dict[str, str]:
+    """``## `` sections of a page by the first word of their heading, each up to the next ``## `` heading."""
+    sections: dict[str, str] = {}
+    for block in re.split(r"^## ", markdown, flags=re.M)[1:]:
+        sections.setdefault(block.split(maxsplit=1)[0], block)
+    return sections
+
+
+def tables_named(text: str) -> set[str]:
+    """Table numbers a text names: "Table 4", "Tables 3 and 4", "Tables 1–3" (1, 2, 3), "Tables 6.1–6.6"."""
+    named: set[str] = set()
+    for first, rest in TABLES.findall(text):
+        named.add(first)
+        previous = first
+        for separator, number in re.findall(r"\s*([–-]|and)\s*(\d+(?:\.\d+)?)", rest):
+            if separator != "and" and previous.count(".") == number.count("."):
+                head, _, low = previous.rpartition(".")
+                same_head, _, high = number.rpartition(".")
+                if same_head == head:
+                    named.update(f"{head}.{k}" if head else str(k) for k in range(int(low), int(high) + 1))
+            named.add(number)
+            previous = number
+    return named
+
+
+def test_tables_named_reads_single_tables_lists_and_ranges():
+    assert tables_named("Table 4 and Tables 1–3; Tables 5.1–5.2, Tables 3 and 4.") == {"1", "2", "3", "4", "5.1", "5.2"}
+    assert tables_named("Table 5. Tables 6.1-6.3") == {"5", "6.1", "6.2", "6.3"}
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[str(p.relative_to(CONFIGS)) for p in PRESETS])
+def test_a_preset_names_the_table_it_reproduces(preset: Path):
+    """Its first lines say which table (and row) it reproduces, or that it reproduces none; docs/reproduce.md's
+    section for that paper names the table and prints the row."""
+    entries = reproduces(preset)
+    assert entries, f"{preset.name} does not start with a '{REPRODUCES.strip()}' line"
+    if any(NO_TABLE.fullmatch(entry) for entry in entries):
+        assert len(entries) == 1, "'no published table' cannot stand beside a table"
+        return
+    sections = paper_sections(REPRODUCE.read_text(encoding="utf-8"))
+    for entry in entries:
+        match = ENTRY.fullmatch(entry)
+        assert match, f"'{entry}' is neither 'PAPER (citation) Table N, row \"ROW\"...' nor 'no published table (why)'"
+        paper, table, row = match["paper"], match["table"], match["row"]
+        assert paper in sections, f"docs/reproduce.md has no '## {paper}' section"
+        section = sections[paper]
+        assert table in tables_named(section), f"docs/reproduce.md's {paper} section does not name Table {table}"
+        assert row is None or row in section, f"docs/reproduce.md's {paper} section does not print row '{row}'"
+
+
+def test_every_command_in_the_docs_names_a_file_that_exists():
+    """``deepmetric train --config configs/X.yaml`` and ``deepmetric study configs/studies/X.yaml`` in README.md,
+    docs/*.md and the presets' and studies' comments; ``<placeholder>`` matches any name, ``{a,b}`` expands."""
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *PRESETS, *STUDIES]
+    commands = [(source, path) for source in sources for path in COMMAND.findall(source.read_text(encoding="utf-8"))]
+    assert len(commands) > 100
+    missing = []
+    for source, path in commands:
+        alternatives = re.findall(r"\{([^{}]*)\}", path)
+        template = re.sub(r"\{[^{}]*\}", "{}", re.sub(r"<[^<>]*>", "*", path))
+        for choice in itertools.product(*(a.split(",") for a in alternatives)):
+            name = template.format(*choice)
+            if not glob.glob(str(ROOT / name)):
+                missing.append(f"{source.relative_to(ROOT)}: {name}")
+    assert not missing, "commands name files that do not exist:\n" + "\n".join(missing)
