@@ -159,3 +159,15 @@ def test_metrics_with_string_labels_is_one_line(tmp_path, capsys):
     np.save(tmp_path / "l.npy", np.array(["cat", "cat", "dog", "dog"]))
     code, _, err = run(capsys, "metrics", str(tmp_path / "e.npy"), str(tmp_path / "l.npy"))
     assert code == 2 and "must be integer class labels, got an array of <U3" in err and "Traceback" not in err
+
+
+def test_embed_refuses_file_names_that_would_break_its_paths_file(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "--no-test")[0] == 0
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("L", (8, 8), 40).save(images / "a.png")
+    Image.new("L", (8, 8), 90).save(images / "b\nc.png")
+    code, _, err = run(capsys, "embed", str(out_dir), "--images", str(images), "--out", str(tmp_path / "e.npy"))
+    assert code == 2 and "hold a line break" in err and "b\\nc.png" in err
+    assert not (tmp_path / "e.npy").exists()

@@ -150,6 +150,10 @@ def list_images(path: str | Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
     if not files:
         raise DataError(f"{path} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
+    broken = [f for f in files if "\n" in str(f) or "\r" in str(f)]
+    if broken:  # OUT.paths.txt holds one path per line: such a name would shift every later row
+        shown = ", ".join(repr(str(f)) for f in broken[:3])
+        raise DataError(f"{len(broken)} image file name(s) hold a line break ({shown}); rename them")
     return files
 
 
