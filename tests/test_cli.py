@@ -171,3 +171,29 @@ def test_embed_refuses_file_names_that_would_break_its_paths_file(tmp_path, caps
     code, _, err = run(capsys, "embed", str(out_dir), "--images", str(images), "--out", str(tmp_path / "e.npy"))
     assert code == 2 and "hold a line break" in err and "b\\nc.png" in err
     assert not (tmp_path / "e.npy").exists()
+
+
+def strict_json(text: str):
+    """Parse as RFC 8259 JSON: NaN and Infinity are refused, as jq and JSON.parse refuse them."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_machine_readable_output_is_strict_json_with_null_for_an_undefined_metric(tmp_path, capsys):
+    np.save(tmp_path / "e.npy", np.eye(4, dtype=np.float32)[[0, 0, 1, 1]] + 0.01 * np.arange(4)[:, None])
+    np.save(tmp_path / "one.npy", np.zeros(4, dtype=np.int64))  # one class: NMI is undefined
+    code, out, err = run(capsys, "metrics", str(tmp_path / "e.npy"), str(tmp_path / "one.npy"), "--json")
+    assert code == 0 and strict_json(out)["nmi"] is None
+    code, out, _ = run(capsys, "metrics", str(tmp_path / "e.npy"), str(tmp_path / "one.npy"))
+    assert code == 0 and "—" in out.splitlines()[-1]  # the text table shows a dash
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "eval.nmi=true", "eval.baseline=true")[0] == 0
+    for name in ("metrics.json", "baseline.json", "environment.json"):
+        strict_json((out_dir / name).read_text())
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        strict_json(line)
+    from deepmetric.io import to_json
+
+    assert strict_json(to_json({"a": float("nan"), "b": [float("inf"), 1.5]})) == {"a": None, "b": [None, 1.5]}

@@ -6,7 +6,6 @@ Errors a user can cause are printed as one line (``error: ...``) with exit statu
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 from . import __version__
 from .config import KNN_ENGINES, build_config, load_yaml, merge_layers, parse_override
 from .errors import DeepMetricError, TrainingInterrupted
+from .io import to_json
 
 log = logging.getLogger("deepmetric")
 
@@ -133,10 +133,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
         record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
                                          progress=not args.quiet)
-        print(json.dumps(record["embeddings"]) if args.json else format_table(record["embeddings"]))
+        print(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
         return 0
     record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
-    print(json.dumps(record["metrics"]) if args.json else results_table(args.run_dir, record))
+    print(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
     return 0
 
 
@@ -167,7 +167,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     searcher = Searcher(args.index_dir)
     hits = searcher.search_file(args.image, args.k)
     if args.json:
-        print(json.dumps({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
+        print(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
     else:
         width = max(len(h.name) for h in hits)
         print(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
@@ -263,7 +263,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         gallery_labels = _load_array(args.gallery[1], "gallery labels")
     metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
                                 nmi=not args.no_nmi, engine=args.engine)
-    print(json.dumps(metrics) if args.json else format_table({"embeddings": metrics}))
+    print(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
     return 0
 
 

@@ -17,6 +17,7 @@ from .data.table import RetrievalDataset, test_sizes_match
 from .errors import CheckpointError, DataError
 from .evaluation import embed_table, split_metrics
 from .evaluation.table import format_table
+from .io import to_json
 from .provenance import evaluation_environment
 from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, unprefixed
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
@@ -47,7 +48,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
     record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
-    atomic_write_text(run.test_metrics, json.dumps(record, indent=2))
+    atomic_write_text(run.test_metrics, to_json(record, indent=2))
     return record, embeddings
 
 
@@ -106,7 +107,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = score(
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim))
     record = _test_record(config, table, checkpoint, state, device, embeddings=rows)
-    atomic_write_text(run.all_embeddings_metrics, json.dumps(record, indent=2))
+    atomic_write_text(run.all_embeddings_metrics, to_json(record, indent=2))
     return record
 
 

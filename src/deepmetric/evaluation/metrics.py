@@ -11,7 +11,10 @@ does, and reported):
 - **MAP@R** (Musgrave et al. 2020): ``(1/R) sum_{i=1..R} P(i) rel(i)``, the average precision cut at R,
   where P(i) is the precision of the top i and rel(i) says whether item i is of the query's class.
 - **NMI**: k-means of the query embeddings with as many clusters as query classes, compared with the
-  labels by ``2 I(Y; C) / (H(Y) + H(C))`` (scikit-learn, arithmetic normalisation). NMI depends on the
+  labels by ``2 I(Y; C) / (H(Y) + H(C))`` (scikit-learn, arithmetic normalisation). On a query/gallery
+  protocol (In-Shop, a CSV with ``is_query``/``is_gallery``) it clusters the queries alone: NMI measures
+  clustering, which has no gallery. It is undefined, and None (``null`` in JSON, ``—`` in tables), when the
+  queries hold fewer than 2 classes or every query is its own class. NMI depends on the
   k-means used (the thesis saw 5 points between two variants): scikit-learn's below 1,000 classes,
   faiss' from 1,000 on when installed.
 
@@ -105,7 +108,7 @@ def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.
 
 def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                     gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
-                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto") -> dict[str, float]:
+                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto") -> dict[str, float | None]:
     """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring)."""
     recall_at = sorted({int(k) for k in recall_at})
     r = relevant_counts(query_labels, gallery_labels, self_index)
@@ -135,7 +138,12 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     results["map@r"] = float(average_precision[valid].mean())
     results["r_precision"] = float(r_precision[valid].mean())
     if nmi:
-        results["nmi"] = nmi_score(query.numpy(), query_labels.numpy())
+        score = nmi_score(query.numpy(), query_labels.numpy())
+        if score != score:
+            log.warning("NMI is undefined here (the %d queries hold %d classes; it needs 2 or more, and fewer "
+                        "classes than queries): reported as null", len(query_labels),
+                        len(torch.unique(query_labels)))
+        results["nmi"] = None if score != score else score
     return results
 
 

@@ -9,6 +9,11 @@ def metric_label(key: str) -> str:
     return {"map@r": "MAP@R", "r_precision": "RP", "nmi": "NMI"}.get(key, key)
 
 
+def percent(value: float | None) -> str:
+    """A metric in % with 2 decimals; ``—`` for an undefined one (None or NaN: NMI of queries of one class)."""
+    return "—" if value is None or value != value else f"{100 * value:.2f}"
+
+
 def format_table(rows: dict[str, dict[str, float]]) -> str:
     """One row per model, one column per metric (the union of keys, recall first), values in %."""
     keys: list[str] = []
@@ -23,6 +28,6 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     header = " " * name_width + "".join(f"{metric_label(k):>8}" for k in keys)
     lines = [header]
     for name, metrics in rows.items():
-        cells = "".join(f"{100 * metrics[k]:8.2f}" if k in metrics else f"{'-':>8}" for k in keys)
+        cells = "".join(f"{percent(metrics.get(k)):>8}" if k in metrics else f"{'-':>8}" for k in keys)
         lines.append(f"{name:<{name_width}}{cells}")
     return "\n".join(lines)

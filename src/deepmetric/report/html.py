@@ -24,7 +24,7 @@ import yaml
 
 from ..errors import DeepMetricError
 from ..evaluation import embed_table
-from ..evaluation.table import metric_label
+from ..evaluation.table import metric_label, percent
 from ..training.checkpoint import atomic_write_text
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import load_table, resolve_device
@@ -51,7 +51,7 @@ def _metrics_table(rows: dict[str, dict[str, float]]) -> str:
     head = "".join(f"<th>{html.escape(metric_label(k))}</th>" for k in keys)
     body = "".join(
         f"<tr><td>{html.escape(name)}</td>"
-        + "".join(f'<td class="num">{100 * m[k]:.2f}</td>' if k in m else "<td></td>" for k in keys) + "</tr>"
+        + "".join(f'<td class="num">{percent(m[k])}</td>' if k in m else "<td></td>" for k in keys) + "</tr>"
         for name, m in rows.items())
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 

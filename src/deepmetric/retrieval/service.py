@@ -17,7 +17,6 @@ JSON ``{"error": "..."}``; bad input always gets a 4xx.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
@@ -37,6 +36,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from ..errors import DeepMetricError, UploadError
+from ..io import to_json
 from .connections import uvicorn_config
 from .uploads import decode_upload, gallery_thumbnail
 
@@ -75,7 +75,7 @@ class RequestTooLarge(Exception):
 
 
 def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return to_json({"error": message}).encode()
 
 
 class BodyTooSlow(Exception):

@@ -59,8 +59,8 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str
     metrics = list(dict.fromkeys(k for r in rows for k in r if k not in KEYS))
     summary: dict[str, dict[str, tuple[float, float, int]]] = {}
     for variant in dict.fromkeys(r["variant"] for r in rows):
-        values = {m: np.array([r[m] for r in rows if r["variant"] == variant and m in r], dtype=float)
-                  for m in metrics}
+        values = {m: np.array([r[m] for r in rows if r["variant"] == variant and r.get(m) is not None], dtype=float)
+                  for m in metrics}  # an undefined metric (null) is left out of its mean
         summary[variant] = {m: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
                             for m, v in values.items() if len(v)}
     return metrics, summary
@@ -140,7 +140,7 @@ def _cell(value: Any) -> Any:
     tab, CR) gets a leading ``'``; numbers are written as they are."""
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
-    return value
+    return "" if isinstance(value, float) and value != value else value  # an undefined metric: an empty cell
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:

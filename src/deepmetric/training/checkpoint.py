@@ -23,6 +23,7 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
+from ..io import to_json
 
 FORMAT = "deepmetric-checkpoint-1"
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
@@ -82,7 +83,7 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[st
         storage = value.untyped_storage().data_ptr()
         plain[key] = value.clone() if storage in seen and value.numel() else value
         seen.add(storage)
-    header = {"format": FORMAT, "state": json.dumps(state)}
+    header = {"format": FORMAT, "state": to_json(state)}
     with atomic_path(Path(path)) as tmp:
         save_safetensors_file(plain, tmp, metadata=header)
 

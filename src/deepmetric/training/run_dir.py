@@ -26,6 +26,7 @@ import yaml
 
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError
+from ..io import to_json
 from ..models import Embedder, create_model
 from .checkpoint import atomic_write_text, load_checkpoint, unprefixed
 
@@ -83,7 +84,7 @@ class RunDir:
         sessions = self.sessions()
         if self.environment.is_file() and not sessions and self._damaged_sessions():
             self.environment.replace(self.environment.with_name("environment.json.damaged"))
-        atomic_write_text(self.environment, json.dumps({"sessions": [*sessions, record]}, indent=2))
+        atomic_write_text(self.environment, to_json({"sessions": [*sessions, record]}, indent=2))
 
     def _damaged_sessions(self) -> bool:
         try:
@@ -155,12 +156,12 @@ class RunDir:
 
     def append_log(self, record: dict[str, Any]) -> None:
         with self.metrics_log.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(to_json(record) + "\n")
 
     def truncate_log(self, step: int) -> None:
         """Drop the log records of steps after ``step`` (what a resumed run will redo)."""
         kept = [r for r in self.read_log() if r.get("step", 0) <= step]
-        atomic_write_text(self.metrics_log, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_text(self.metrics_log, "".join(to_json(r) + "\n" for r in kept))
 
     def read_log(self) -> list[dict[str, Any]]:
         """The logged records; a last line cut short (what a full disk or a kill leaves) is left out with a

@@ -12,7 +12,6 @@ step follows the model's, its state goes into ``last``; without one the loop is 
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -32,6 +31,7 @@ from ..distributed import DistContext, context_from_env, gather_labels, gather_o
 from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
 from ..evaluation import evaluate
 from ..generators import Generator, build_generator
+from ..io import to_json
 from ..losses import Objective, build_objective
 from ..models import Embedder
 from ..progress import progress_bar
@@ -179,7 +179,7 @@ def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, gene
         embeddings = torch.cat([model.embed(images.to(device)).cpu() for images, _, _ in loader])
         labels = np.searchsorted(classes, part.labels)
     summary = generator.write_diagnostics(run.path, embeddings, labels, [str(c) for c in classes])
-    atomic_write_text(run.path / "generator.json", json.dumps(summary, indent=2))
+    atomic_write_text(run.path / "generator.json", to_json(summary, indent=2))
     log.info("generator diagnostics: %s", summary)
 
 
@@ -251,7 +251,7 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         if config.eval.baseline and not run.baseline.is_file():
             log.info("evaluating the untrained backbone on the test split")
             baseline = untrained_baseline(config, table, device, progress)
-            atomic_write_text(run.baseline, json.dumps(baseline, indent=2))
+            atomic_write_text(run.baseline, to_json(baseline, indent=2))
     context.barrier()
 
     trained = model
