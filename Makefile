@@ -52,6 +52,7 @@ demo: install system-packages
 	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)
 
 test: install-dev system-packages
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: install-dev

@@ -41,8 +41,9 @@ def percentile(values: list[float], q: float) -> float:
 def make_run(folder: Path, size: int) -> Path:
     """A run directory holding the untrained (ImageNet-pretrained) lite0 + GAP model as its last checkpoint."""
     from deepmetric.config import build_config, save_config
+    from deepmetric.io import prefixed
     from deepmetric.models import create_model
-    from deepmetric.training.checkpoint import prefixed, save_checkpoint
+    from deepmetric.training.checkpoint import save_checkpoint
     from deepmetric.training.run_dir import RunDir
 
     run = RunDir(folder / "run")

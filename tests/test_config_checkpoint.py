@@ -10,7 +10,8 @@ import yaml
 
 from deepmetric.config import build_config, load_yaml, parse_override
 from deepmetric.errors import CheckpointError, ConfigError
-from deepmetric.training.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from deepmetric.io import atomic_write_bytes
+from deepmetric.training.checkpoint import load_checkpoint, save_checkpoint
 
 
 def test_overrides_are_typed_and_nested():
@@ -164,11 +165,13 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
-    with pytest.raises(OSError):
+    from deepmetric.errors import WriteError
+
+    with pytest.raises(WriteError, match="could not write .*last.safetensors: disk full; the previous file is intact"):
         atomic_write_bytes(target, b"new content")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]  # no temporary file left behind
-    with pytest.raises(OSError):  # a checkpoint is streamed to the temporary file by safetensors, then fsynced
+    with pytest.raises(WriteError):  # a checkpoint is streamed to the temporary file by safetensors, then fsynced
         save_checkpoint(target, {"w": torch.ones(1000)}, {"step": 1})
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"]
@@ -192,3 +195,45 @@ def test_a_checkpoint_whose_header_length_starts_with_the_pickle_opcode_loads(tm
     assert path.read_bytes()[:1] == b"\x80"
     tensors, state = load_checkpoint(path)
     assert torch.equal(tensors["w"], torch.ones(3)) and state["note"].startswith("x")
+
+
+def test_atomic_writes_give_the_mode_a_plain_open_gives(tmp_path):
+    """With umask 022 a report or index must be readable by a web server's account (mkstemp made them 0600)."""
+    import os
+    import stat
+
+    from deepmetric.io import atomic_write_text
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "report.html", "<html></html>")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "private.json", "{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"train": {"steps": "1e400"}}, "train.steps': expected an integer, got '1e400'"),
+    ({"data": {"image_size": 1e400}}, "data.image_size': expected an integer"),
+    ({"train": {"steps": float("nan")}}, "train.steps': expected an integer"),
+    ({"train": {"lr": float("inf")}}, "train.lr': expected a finite number"),
+    ({"model": {"embedding_dim": -5}}, "model.embedding_dim must be at least 0, got -5"),
+    ({"train": {"lr": -1}}, "train.lr must be at least 0, got -1"),
+    ({"data": {"num_workers": -1}}, "data.num_workers must be at least 0, got -1"),
+    ({"data": {"image_size": 100000}}, "data.image_size must be from 8 to 8192"),
+    ({"train": {"groups": {"new": {"lr_scale": [1, 2]}}}}, "train.groups.new.lr_scale': expected a number"),
+    ({"eval": {"batch_size": 0}}, "eval.batch_size must be at least 1"),
+])
+def test_bad_values_are_refused_by_the_typed_config(override, message):
+    """Each was a traceback (OverflowError, ValueError) or silently accepted; now one ConfigError naming the key."""
+    with pytest.raises(ConfigError, match=message):
+        build_config(override)
+
+
+def test_a_binary_config_file_is_one_line(tmp_path):
+    (tmp_path / "model.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ConfigError, match="is not text"):
+        load_yaml(tmp_path / "model.yaml")

@@ -338,7 +338,9 @@ def test_presets_cover_the_ablation_grid_on_four_data_sets_and_the_demo_matches_
         assert (config.model.head_options["num_scales"], config.model.head_options["num_branches"]) == (i, j)
         assert config.loss.options == {"negative_weight": 35} and config.train.weight_decay == 2e-4
         assert config.train.lr == config.train.lr_backbone == 1e-5
-        assert all(config.train.groups[g]["lr_scale"] == 10 for g in ("learners", "gates", "loss"))
+        # learners, gates and adversary at 10x come from the head's default groups (J = 1 has no adversary)
+        assert config.train.groups == {}
+        assert all(DeMLHead.default_groups[g]["lr_scale"] == 10 for g in ("learners", "gates", "loss"))
     for data in ("cub", "cars", "sop", "inshop"):  # the U512 baseline (Tables 1, 3) under DeML's preprocessing
         u512, deml33 = (build_config(load_yaml(configs / "deml" / f"{data}-{n}.yaml")) for n in ("u512", "deml33"))
         assert (u512.model.head, u512.model.embedding_dim, u512.loss.name) == ("gap", 512, "binomial")

@@ -237,9 +237,10 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monke
     import numpy as np
 
     from deepmetric.cli import main
-    from deepmetric.evaluation import embed_table
+    from deepmetric.evaluation import EmbedSettings, embed_table
     from deepmetric.evaluation.auxiliary import embed_with_objective
-    from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+    from deepmetric.io import unprefixed
+    from deepmetric.training.checkpoint import load_checkpoint
     from deepmetric.training.run_dir import RunDir, load_run_model
     from deepmetric.training.setup import load_table
     from test_cli import TINY
@@ -260,8 +261,8 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monke
     table = load_table(config)[0].split("test").subset(np.arange(20))
     objective = build_objective(config.loss, model.head, num_classes=5)
     objective.load_state_dict(unprefixed("objective", tensors))
-    alone = embed_table(model, table, 16, progress=False)
-    attached = embed_with_objective(model, objective, table, 16, progress=False)
+    alone = embed_table(model, table, EmbedSettings(16, progress=False))
+    attached = embed_with_objective(model, objective, table, EmbedSettings(16, progress=False))
     assert np.array_equal(alone, attached["embedding"])
     assert list(attached) == ["embedding", "horde.order2", "horde.order3"]
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from deepmetric.errors import DeepMetricError
-from deepmetric.evaluation import knn, retrieval_metrics
-from deepmetric.evaluation.knn import topk_stable
+from deepmetric.evaluation import retrieval_metrics
+from deepmetric.evaluation.knn import knn, topk_stable
 from deepmetric.evaluation.metrics import compute_metrics
 
 
@@ -237,7 +237,7 @@ def test_metrics_are_the_same_with_every_engine(engine):
 def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, vendor, mkl, expected):
     import importlib
 
-    knn_module = importlib.import_module("deepmetric.evaluation.knn")  # the package's `knn` is the function
+    knn_module = importlib.import_module("deepmetric.evaluation.knn")
     monkeypatch.setattr(knn_module, "cpu_info", lambda field: vendor)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -12,9 +12,10 @@ from deepmetric.config import build_config
 from deepmetric.errors import ConfigError
 from deepmetric.generators import MirageGenerator, build_generator
 from deepmetric.generators.mirage import reconstruction_loss
+from deepmetric.io import unprefixed
 from deepmetric.losses import build_objective
 from deepmetric.training import train
-from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.setup import build_model
 from helpers import tiny_config
 

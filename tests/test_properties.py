@@ -7,11 +7,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 from deepmetric.data import load_dataset
+from deepmetric.errors import DataError
 from deepmetric.evaluation import retrieval_metrics
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -86,6 +88,14 @@ def test_csv_tables_round_trip(rows):
             for i, (label, split, query, gallery) in enumerate(rows):
                 Image.new("L", (4, 4), i).save(root / f"{i}.png")
                 writer.writerow([f"{i}.png", label, split, int(query), "true" if gallery else "false"])
+        trained = {label for label, split, _, _ in rows if split == "train"}
+        test = [r for r in rows if r[1] == "test"]
+        zero_shot = (test and any(r[2] for r in test) and any(r[3] for r in test)
+                     and not any(label in trained for label, split, _, _ in rows if split != "train"))
+        if not zero_shot:  # refused when loaded: the protocol's promises (check_protocol)
+            with pytest.raises(DataError, match="test row|also have training rows"):
+                load_dataset(f"csv:{root / 'table.csv'}")
+            return
         table = load_dataset(f"csv:{root / 'table.csv'}")
         assert table.labels.tolist() == [r[0] for r in rows]
         assert table.splits.tolist() == [r[1] for r in rows]

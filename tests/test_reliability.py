@@ -18,8 +18,9 @@ from PIL import Image
 
 from deepmetric.data.audit import audit_table, check_table, image_problem
 from deepmetric.errors import CheckpointError, DataError
+from deepmetric.io import unprefixed
 from deepmetric.training import train
-from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.run_dir import RunDir
 from helpers import tiny_config
 

@@ -131,7 +131,7 @@ def test_a_failing_figure_leaves_the_rest_of_the_report(tmp_path, monkeypatch):
 def test_projection_falls_back_where_t_sne_cannot_run():
     import numpy as np
 
-    from deepmetric.viz.render import project_2d, projection_method
+    from deepmetric.render import project_2d, projection_method
 
     rng = np.random.default_rng(0)
     assert projection_method(rng.normal(size=(40, 6))) == "tsne"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from deepmetric.io import unprefixed
 from deepmetric.training import TrainingError, train
-from deepmetric.training.checkpoint import load_checkpoint, unprefixed
+from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.run_dir import RunDir, load_run_model
 from helpers import make_table, tiny_config
 
@@ -37,14 +38,17 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
     assert not torch.equal(c_model["head.embed.weight"], a_model["head.embed.weight"])
 
 
-def test_best_checkpoint_follows_validation_recall(tmp_path):
+def test_best_checkpoint_follows_validation_recall_then_map_at_r(tmp_path):
     config = tiny_config(data={"val_fraction": 0.4}, train={"steps": 6, "eval_every": 2})
     result = train(config, tmp_path / "run", progress=False)
     run = RunDir(tmp_path / "run")
     validations = [r for r in run.read_log() if r.get("split") == "val"]
     assert [r["step"] for r in validations] == [2, 4, 6]
-    best = max(validations, key=lambda r: r["recall@1"])
-    assert result.best_step == min(r["step"] for r in validations if r["recall@1"] == best["recall@1"])
+    def rank(r: dict) -> tuple:  # Recall@1, ties broken by MAP@R, then R-precision; the earliest of exact ties
+        return r["recall@1"], r["map@r"], r["r_precision"]
+
+    best = max(validations, key=rank)
+    assert result.best_step == min(r["step"] for r in validations if rank(r) == rank(best))
     _, _, state = weights(run.best)
     assert state["step"] == result.best_step and state["val_recall@1"] == pytest.approx(best["recall@1"])
     model, _, path = load_run_model(run.path)
@@ -198,7 +202,7 @@ def _embed_on_rank(rank: int, world: int, port: int, out: str) -> None:
     """One rank of the sharded-evaluation test: embed the whole table under torch.distributed, save what it got."""
     from deepmetric import create_model
     from deepmetric.distributed import context_from_env, shutdown
-    from deepmetric.evaluation.evaluator import embed_table
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -207,8 +211,8 @@ def _embed_on_rank(rank: int, world: int, port: int, out: str) -> None:
     try:
         torch.manual_seed(0)
         model = create_model("tiny", pretrained=False, embedding_dim=8)
-        embeddings = embed_table(model, make_table(n_classes=3, per_class=5), 16, batch_size=4, progress=False,
-                                 context=context)
+        embeddings = embed_table(model, make_table(n_classes=3, per_class=5),
+                                 EmbedSettings(16, batch_size=4, progress=False), context=context)
         np.save(os.path.join(out, f"rank{rank}.npy"), embeddings)
     finally:
         shutdown()
@@ -231,12 +235,112 @@ def test_sharded_evaluation_gives_every_rank_all_rows_in_order(tmp_path):
 
     from deepmetric import create_model
     from deepmetric.distributed import free_port
-    from deepmetric.evaluation.evaluator import embed_table
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
 
     mp.spawn(_embed_on_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     torch.manual_seed(0)
     model = create_model("tiny", pretrained=False, embedding_dim=8)
-    single = embed_table(model, make_table(n_classes=3, per_class=5), 16, batch_size=4, progress=False)
+    single = embed_table(model, make_table(n_classes=3, per_class=5), EmbedSettings(16, batch_size=4, progress=False))
     assert single.shape == (15, 8) and len(np.unique(single.round(5), axis=0)) == 15  # rows tell images apart
     for rank in range(2):
         np.testing.assert_allclose(np.load(tmp_path / f"rank{rank}.npy"), single, atol=1e-6)
+
+
+def test_a_run_folder_is_held_by_one_training_at_a_time(tmp_path):
+    """Two trainings into one --out both ran and interleaved their logs and checkpoints; now the second is refused,
+    naming the holder's PID, and the lock goes with the process that held it."""
+    from deepmetric.errors import DeepMetricError
+
+    run = RunDir(tmp_path / "run")
+    with run.claimed():
+        with pytest.raises(DeepMetricError, match=rf"in use by another training \(process {os.getpid()}\)"):
+            train(tiny_config(train={"steps": 1}), run.path, progress=False)
+    train(tiny_config(train={"steps": 1}), run.path, progress=False)  # released: the folder is free again
+    assert run.last.is_file()
+
+
+def test_a_failed_start_is_refused_before_any_write_and_a_folder_without_checkpoint_starts_afresh(tmp_path):
+    from deepmetric.errors import DeepMetricError
+
+    too_few = tiny_config(train={"steps": 1}, data={"classes_per_batch": 50})  # more classes than the data has
+    with pytest.raises(DeepMetricError, match="a P x K batch needs 50 classes"):
+        train(too_few, tmp_path / "runs" / "new", progress=False)
+    assert not (tmp_path / "runs").exists()  # the sampler is checked before the first write
+    run = RunDir(tmp_path / "stopped")
+    run.path.mkdir()
+    run.config_path.write_text("train: {steps: 1}\n")  # what a run killed before its first checkpoint leaves
+    run.metrics_log.write_text('{"step": 1, "loss": 9.0}\n')
+    with pytest.raises(DeepMetricError, match="holds no checkpoint .* start it again without --resume"):
+        train(tiny_config(train={"steps": 1}), run.path, resume=True, progress=False)
+    train(tiny_config(train={"steps": 2}), run.path, progress=False)
+    assert run.last.is_file() and [r["step"] for r in run.read_log() if "loss" in r] == [1, 2]
+
+
+def test_temporaries_left_by_a_killed_write_are_removed_on_the_next_start(tmp_path):
+    run = RunDir(tmp_path / "run")
+    train(tiny_config(train={"steps": 1}), run.path, progress=False)
+    leftovers = [run.path / "checkpoints" / ".last.safetensors.a1b2c3.tmp", run.path / "checkpoints" / ".tmpXy12Zq",
+                 run.path / ".config.yaml.q9w8e7.tmp"]
+    for file in leftovers:
+        file.write_bytes(b"\0" * 1024)
+    train(tiny_config(train={"steps": 2}), run.path, resume=True, progress=False)
+    assert not any(file.exists() for file in leftovers)
+
+
+def test_the_model_and_its_weights_are_checked_before_any_image_is_read(tmp_path, monkeypatch):
+    """A missing weight file was found only after the whole image audit (minutes on SOP); it names its source."""
+    import deepmetric.training.trainer as trainer
+    from deepmetric.errors import CheckpointError
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the model was built")
+
+    monkeypatch.setattr(trainer, "load_table", no_data)
+    config = tiny_config(train={"steps": 1}, model={"backbone": "bn-inception", "pretrained": False,
+                                                    "weights": str(tmp_path / "bn_inception.pth"), "head": "gap"})
+    with pytest.raises(CheckpointError, match="bn_inception.pth .model.weights. do not exist; it is the BN-Inception "
+                                              "converted from Caffe that pretrainedmodels"):
+        train(config, tmp_path / "run", progress=False)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_error_and_the_old_checkpoint_survives(tmp_path, monkeypatch):
+    import errno
+
+    import deepmetric.training.checkpoint as checkpoint
+    from deepmetric.errors import WriteError
+
+    run = RunDir(tmp_path / "run")
+    train(tiny_config(train={"steps": 1}), run.path, progress=False)
+    before = run.last.read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_safetensors_file", full)
+    with pytest.raises(WriteError, match=r"could not write .*last.safetensors: No space left on device; the "
+                                         r"previous file is intact"):
+        train(tiny_config(train={"steps": 2}), run.path, resume=True, progress=False)
+    assert run.last.read_bytes() == before
+    assert not [f for f in (run.path / "checkpoints").iterdir() if f.name.endswith(".tmp")]
+
+
+def test_embed_checks_that_it_can_write_before_it_embeds(tmp_path, monkeypatch):
+    import deepmetric.io as io
+    import deepmetric.workflows as workflows
+    from deepmetric.errors import WriteError
+
+    run = RunDir(tmp_path / "run")
+    train(tiny_config(train={"steps": 1}), run.path, progress=False)
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(images / "a.png")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(workflows, "embed_table", lambda *a, **k: pytest.fail("embedded before checking the output"))
+    with pytest.raises(WriteError, match="cannot write .*out/e.npy: Permission denied"):
+        workflows.embed_images(run.path, images, tmp_path / "out" / "e.npy", progress=False)

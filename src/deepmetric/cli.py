@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .config import KNN_ENGINES, build_config, load_yaml, merge_layers, parse_override
+from .config import build_config, load_yaml, merge_layers, parse_override
 from .errors import DeepMetricError, TrainingInterrupted
+from .evaluation.engines import KNN_ENGINES
 from .io import to_json
 
 log = logging.getLogger("deepmetric")
@@ -105,7 +105,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
             print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone evaluates
+    from .distributed import rank_from_env
+
+    if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
         return 0
     if not args.no_test:
         record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)

@@ -8,6 +8,7 @@ declared type or rejected with the key named.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,14 +17,10 @@ from typing import Any
 
 import yaml
 
+from .data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 from .errors import ConfigError, did_you_mean
+from .evaluation.engines import KNN_ENGINES
 
-KNN_ENGINES = ("auto", "torch", "numpy", "faiss", "cuda")
-"""Engines of the exact kNN (evaluation/knn.py)."""
-TRAIN_PAD_MODES = ("size", "square", "stretch")
-"""``data.train_pad`` choices (data/transforms.py)."""
-TEST_RESIZE_MODES = ("resize", "resize_crop", "pad_crop", "stretch_crop", "short_crop")
-"""``data.test_resize`` choices (data/transforms.py)."""
 LR_SCHEDULES = ("constant", "cosine", "step")
 """``train.lr_schedule`` choices (training/optim.py)."""
 
@@ -192,62 +189,88 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+def _coerce_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number):  # 1e400 is inf, .nan is not a number
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    return int(number)
+
+
+def _coerce_float(value: Any, key: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+    return number
+
+
+def _coerce_str(value: Any, key: str) -> str:
+    if isinstance(value, dict | list):
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    return str(value)
+
+
+SCALARS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}
+"""How a YAML value becomes each scalar type of the config."""
+
+
+def _coerce_union(value: Any, args: tuple[Any, ...], annotation: Any, key: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, key)
+        except ConfigError:
+            continue
+    raise ConfigError(f"config key '{key}': {value!r} is not a valid {annotation}")
+
+
+def _coerce_sequence(value: Any, origin: Any, args: tuple[Any, ...], key: str) -> list[Any] | tuple[Any, ...]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
+    item_type = args[0] if args else Any
+    coerced = [_coerce(v, item_type, key) for v in value]
+    return tuple(coerced) if origin is tuple else coerced
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Coerce a YAML value to the annotated type, or raise a ConfigError naming the key."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"config key '{key}': {value!r} is not a valid {annotation}")
+        return _coerce_union(value, args, annotation, key)
     if annotation is Any:
         return value
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}") from None
-        if number != int(number):
-            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
-        return int(number)
-    if annotation is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}") from None
-    if annotation is str:
-        if isinstance(value, dict | list):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return str(value)
+    if annotation in SCALARS:
+        return SCALARS[annotation](value, key)
     if origin in (list, tuple):
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
-            return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
-        item_type = args[0] if args else Any
-        coerced = [_coerce(v, item_type, key) for v in value]
-        return tuple(coerced) if origin is tuple else coerced
+        return _coerce_sequence(value, origin, args, key)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping, got {value!r}")
@@ -284,7 +307,8 @@ def _all_keys() -> list[str]:
     return keys
 
 
-def _nest(dotted: str, value: Any) -> dict[str, Any]:
+def nest(dotted: str, value: Any) -> dict[str, Any]:
+    """``nest("train.lr", 1e-4)`` -> ``{"train": {"lr": 0.0001}}``."""
     parts = dotted.split(".")
     nested: dict[str, Any] = {parts[-1]: value}
     for part in reversed(parts[:-1]):
@@ -304,7 +328,7 @@ def parse_override(text: str) -> dict[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return _nest(key, value)
+    return nest(key, value)
 
 
 def merge_layers(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -329,6 +353,8 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not text (YAML in UTF-8)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -348,11 +374,16 @@ def build_config(*layers: dict[str, Any]) -> RunConfig:
     return config
 
 
-def validate(config: RunConfig) -> None:
-    """Checks that need more than one value's type."""
-    d, t = config.data, config.train
-    if d.image_size < 8:
-        raise ConfigError(f"data.image_size must be at least 8, got {d.image_size}")
+def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(values, name)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{section}.{name} must be at least {minimum:g}, got {value}")
+
+
+def _validate_data(d: DataConfig) -> None:
+    if not 8 <= d.image_size <= 8192:
+        raise ConfigError(f"data.image_size must be from 8 to 8192, got {d.image_size}")
     lo, hi = d.resize_range
     if not 0 < lo <= hi:
         raise ConfigError(f"data.resize_range must satisfy 0 < lo <= hi, got {list(d.resize_range)}")
@@ -360,16 +391,31 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"data.test_resize must be one of {', '.join(TEST_RESIZE_MODES)}, got '{d.test_resize}'")
     if d.train_pad not in TRAIN_PAD_MODES:
         raise ConfigError(f"data.train_pad must be one of {', '.join(TRAIN_PAD_MODES)}, got '{d.train_pad}'")
-    if config.model.freeze_bn not in (True, False, "stats"):
-        raise ConfigError(f"model.freeze_bn must be true, false or stats, got {config.model.freeze_bn!r}")
     if d.classes_per_batch < 2:
         raise ConfigError("data.classes_per_batch must be at least 2 (a batch needs negatives)")
     if d.samples_per_class < 2:
         raise ConfigError("data.samples_per_class must be at least 2 (a batch needs positives)")
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
-    if t.steps < 0:
-        raise ConfigError(f"train.steps must be >= 0, got {t.steps}")
+    _at_least("data", d, 0, ("num_workers",))
+
+
+def _validate_model(m: ModelConfig) -> None:
+    if m.freeze_bn not in (True, False, "stats"):
+        raise ConfigError(f"model.freeze_bn must be true, false or stats, got {m.freeze_bn!r}")
+    _at_least("model", m, 0, ("embedding_dim",))
+
+
+def _validate_loss(loss: LossConfig) -> None:
+    if loss.on not in (None, "embedding", "parts"):
+        raise ConfigError(f"loss.on must be 'embedding' or 'parts', got '{loss.on}'")
+    if loss.parts_reduction not in (None, "mean", "sum"):
+        raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{loss.parts_reduction}'")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads"))
+    _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
     if t.lr_schedule not in LR_SCHEDULES:
         raise ConfigError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{t.lr_schedule}'")
     if t.lr_schedule == "step":
@@ -382,29 +428,45 @@ def validate(config: RunConfig) -> None:
     elif t.lr_milestones:
         raise ConfigError(f"train.lr_milestones is used by train.lr_schedule=step only (the schedule is "
                           f"'{t.lr_schedule}')")
-    for name in ("eval_every", "checkpoint_every", "log_every"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"train.{name} must be at least 1")
-    if config.loss.on not in (None, "embedding", "parts"):
-        raise ConfigError(f"loss.on must be 'embedding' or 'parts', got '{config.loss.on}'")
-    if config.loss.parts_reduction not in (None, "mean", "sum"):
-        raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{config.loss.parts_reduction}'")
     for group, options in t.groups.items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"train.groups.{group} must be a mapping of lr_scale and weight_decay, got {options!r}")
         unknown = set(options) - {"lr_scale", "weight_decay"}
         if unknown:
             raise ConfigError(f"train.groups.{group}: unknown option(s) {sorted(unknown)}; expected lr_scale, "
                               "weight_decay")
-    if config.eval.engine not in KNN_ENGINES:
-        raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{config.eval.engine}'")
-    if config.eval.recall_at is not None and any(k < 1 for k in config.eval.recall_at):
-        raise ConfigError(f"eval.recall_at must hold positive ranks, got {config.eval.recall_at}")
-    _check_names(config)
-    if config.generator.name is not None:
+        for name, value in options.items():
+            number = _coerce_float(value, f"train.groups.{group}.{name}")
+            if number < 0:
+                raise ConfigError(f"train.groups.{group}.{name} must be at least 0, got {value}")
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    if e.engine not in KNN_ENGINES:
+        raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{e.engine}'")
+    if e.recall_at is not None and any(k < 1 for k in e.recall_at):
+        raise ConfigError(f"eval.recall_at must hold positive ranks, got {e.recall_at}")
+    _at_least("eval", e, 1, ("batch_size",))
+
+
+def _validate_generator(g: GeneratorConfig) -> None:
+    if g.name is not None:
         from .generators import check_generator_options
 
-        check_generator_options(config.generator.name, config.generator.options)
-    elif config.generator.options:
+        check_generator_options(g.name, g.options)
+    elif g.options:
         raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
+
+
+def validate(config: RunConfig) -> None:
+    """Checks that need more than one value's type, section by section, then the plug-in names and options."""
+    _validate_data(config.data)
+    _validate_model(config.model)
+    _validate_train(config.train)
+    _validate_loss(config.loss)
+    _validate_eval(config.eval)
+    _check_names(config)
+    _validate_generator(config.generator)
 
 
 def _check_names(config: RunConfig) -> None:
@@ -427,6 +489,6 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 
 
 def save_config(config: RunConfig, path: str | Path) -> None:
-    from .training.checkpoint import atomic_write_text
+    from .io import atomic_write_text
 
     atomic_write_text(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -48,12 +48,18 @@ class DistContext:
             dist.barrier()
 
 
+def rank_from_env() -> int:
+    """This process's rank in torchrun's (or ``launch``'s) environment; 0 outside one."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def context_from_env() -> DistContext:
     """The process group described by torchrun's (or ``launch``'s) environment, initialised if needed."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    rank = rank_from_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if not dist.is_initialized():
         dist.init_process_group(backend=process_group_backend(), rank=rank, world_size=world)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank)

@@ -30,6 +30,10 @@ class IndexStoreError(DeepMetricError):
     """A missing, foreign or incompatible retrieval index (``deepmetric index`` / ``search`` / ``serve``)."""
 
 
+class WriteError(DeepMetricError):
+    """A file could not be written (a full disk, a read-only folder); what was there before is intact."""
+
+
 class TrainingError(DeepMetricError):
     """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
 

@@ -1,15 +1,151 @@
-"""Writing what other programs read: strict JSON.
+"""The bottom of the house: writing files that must never be half-written, strict JSON, flat tensor dicts.
 
-Every machine-readable output (``--json``, ``metrics.json``, ``baseline.json``, ``metrics.jsonl``, the service's
-answers) is RFC 8259 JSON: Python's ``json`` writes ``NaN`` and ``Infinity``, which ``jq``, browsers'
-``JSON.parse`` and strict parsers refuse. An undefined value (NMI of queries of one class) is ``null``.
+Every module that writes a file a user keeps (checkpoints, configs, metrics, reports, indexes, study tables)
+writes it through ``atomic_path``: a temporary file beside the target, fsynced and renamed over it, so a
+crash at any moment leaves the old or the new file whole, with the mode a plain ``open`` gives. Every
+machine-readable output is RFC 8259 JSON (``to_json``): Python's ``json`` writes ``NaN`` and ``Infinity``,
+which ``jq``, browsers' ``JSON.parse`` and strict parsers refuse; an undefined value is ``null``.
+Checkpoints hold several state dicts in one flat safetensors file (``prefixed``/``unprefixed``, and
+``optimizer_to_flat`` for an optimiser's state).
+
+Nothing here imports the rest of deepmetric: every floor may use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from typing import Any
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import WriteError
+
+if TYPE_CHECKING:
+    import torch
+
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".", ".tmp"
+"""An atomic write's temporary file is ``.<name>.<random>.tmp`` beside the target."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def temporary_folder(target: Path) -> Path:
+    """A new folder beside ``target`` (``.<name>.<random>.tmp``) with the mode ``mkdir`` gives (``mkdtemp``
+    makes it 0700), to be filled and renamed to ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"{TEMPORARY_PREFIX}{target.name}.", suffix=TEMPORARY_SUFFIX,
+                                   dir=target.parent))
+    folder.chmod(0o777 & ~_umask())
+    return folder
+
+
+def fsync_dir(folder: Path) -> None:
+    """fsync a folder so that a rename inside it survives a crash (best effort)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for the caller to write; on success it is fsynced and renamed over
+    ``path``, so ``path`` is always either its old or its new content; on failure it is removed."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    except OSError as error:
+        raise WriteError(f"cannot write {path}: {error.strerror or error}") from None
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # the mode a plain open() gives (mkstemp makes 0600)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as error:  # a full disk, a folder gone read-only: the old file is intact
+        Path(tmp).unlink(missing_ok=True)
+        kept = "; the previous file is intact" if path.exists() else ""
+        raise WriteError(f"could not write {path}: {error.strerror or error}{kept}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def check_writable(path: Path) -> None:
+    """Refuse, before any long work, an output ``path`` whose folder cannot be written (or that is a folder)."""
+    path = Path(path)
+    if path.is_dir():
+        raise WriteError(f"{path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}{path.name}.", suffix=TEMPORARY_SUFFIX,
+                                     dir=path.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise WriteError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def prefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{"<prefix>.<name>": tensor}``: several state dicts in one flat checkpoint."""
+    return {f"{prefix}.{k}": v for k, v in tensors.items()}
+
+
+def unprefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``prefixed(prefix, ...)``, with their own names."""
+    start = len(prefix) + 1
+    return {k[start:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors (``{param}.{key}``) and JSON (groups, scalars)."""
+    state_dict = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in state_dict["state"].items():
+        for key, value in values.items():
+            if hasattr(value, "dtype") and hasattr(value, "shape"):  # a tensor
+                tensors[f"{index}.{key}"] = value
+            else:
+                scalars[f"{index}.{key}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                        meta: dict[str, Any]) -> None:
+    """Load what ``optimizer_to_flat`` split back into ``optimizer``."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
 def finite_or_none(value: Any) -> Any:

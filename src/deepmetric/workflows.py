@@ -15,11 +15,11 @@ from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalDataset, test_sizes_match
 from .errors import CheckpointError, DataError
-from .evaluation import embed_table, split_metrics
+from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
-from .io import to_json
+from .io import atomic_write_bytes, atomic_write_text, check_writable, to_json, unprefixed
 from .provenance import evaluation_environment
-from .training.checkpoint import atomic_write_bytes, atomic_write_text, checkpoint_state, unprefixed
+from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
 
@@ -43,8 +43,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         config.data.val_fraction = 0.0
     table, _ = load_table(config, progress, only_split="test")
     part = table.split("test")
-    embeddings = embed_table(model, part, config.data.image_size, config.data.test_resize, config.eval.batch_size,
-                             device, config.data.num_workers, progress, desc="embedding test")
+    embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress), desc="embedding test")
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
     record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
@@ -88,11 +87,10 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     if objective.state_dict() and not objective_state:
         raise CheckpointError(f"{checkpoint} holds no objective state (it predates saving it); use --checkpoint last")
     objective.load_state_dict(objective_state)
-    d = config.data
-    options = (d.image_size, d.test_resize, config.eval.batch_size, device, d.num_workers, progress)
+    settings = EmbedSettings.from_config(config, device, progress)
     test_part = table.split("test")
     recall_at = config.eval.recall_at or table.recall_at
-    test = embed_with_objective(model, objective, test_part, *options, desc="embedding test")
+    test = embed_with_objective(model, objective, test_part, settings, desc="embedding test")
 
     def score(embeddings: np.ndarray) -> dict[str, float]:
         return split_metrics(embeddings, test_part, recall_at, config.eval.nmi, config.eval.engine)
@@ -103,7 +101,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     if len(concatenated) > 1:
         if train_table is None:
             train_table, _ = load_table(config, progress, only_split="train")
-        train = embed_with_objective(model, objective, train_table, *options, desc="embedding train")
+        train = embed_with_objective(model, objective, train_table, settings, desc="embedding train")
         rows[f"concatenation, PCA {pca_dim} (fit on train)"] = score(
             concat_pca({k: train[k] for k in concatenated}, {k: test[k] for k in concatenated}, pca_dim))
     record = _test_record(config, table, checkpoint, state, device, embeddings=rows)
@@ -170,15 +168,13 @@ def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which
                  batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
     """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``."""
     config: RunConfig = RunDir(run_dir).config()
+    out = Path(out) if Path(out).suffix == ".npy" else Path(out).with_suffix(".npy")
+    check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
     files = list_images(images)
     table = files_table(str(images), files)
-    embeddings = embed_table(model, table, config.data.image_size, config.data.test_resize,
-                             batch_size or config.eval.batch_size, device, config.data.num_workers, progress)
-    out = Path(out)
-    if out.suffix != ".npy":
-        out = out.with_suffix(".npy")
+    embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))
     buffer = io.BytesIO()
     np.save(buffer, embeddings.astype(np.float32), allow_pickle=False)
     atomic_write_bytes(out, buffer.getvalue())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,6 @@ from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
 from .sampler import PKSampler
 from .table import RetrievalDataset, check_paths_exist, check_protocol
-from .transforms import TestTransform, TrainTransform
 
 DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry(
     "data set", provided=("path", "seed", "check", "skip_bad"), error=DataError)
@@ -44,6 +44,16 @@ __all__ = [
     "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "TestTransform", "TrainTransform",
     "build_glyphs", "carve_validation", "load_dataset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The transforms (torchvision) are imported on first use: the config checks ``data.resizing``'s choices
+    without the data pipeline."""
+    if name in ("TestTransform", "TrainTransform"):
+        from . import transforms
+
+        return getattr(transforms, name)
+    raise AttributeError(f"module 'deepmetric.data' has no attribute '{name}'")
 
 
 def needs_path(name: str) -> bool:

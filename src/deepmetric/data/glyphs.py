@@ -21,12 +21,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..io import temporary_folder
 from .table import RetrievalDataset
 
 LATIN = [chr(c) for c in range(0x41, 0x5B)] + [chr(c) for c in range(0x61, 0x7B)]
@@ -142,8 +142,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
 
     images = np.stack(rendered, axis=1).reshape(-1, size, size)  # row = char * n_fonts + font
     n_fonts = len(used)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".glyphs-", dir=root.parent))
+    tmp = temporary_folder(root)
     try:
         np.save(tmp / "images.npy", images)
         lines = ["row,label,codepoint,font"]
@@ -155,7 +154,6 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
         meta = {"format": FORMAT_VERSION, "size": size, "chars": "".join(GLYPH_CHARS), "fonts": n_fonts,
                 "font_source": source, "images": int(images.shape[0])}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False))
-        tmp.chmod(0o755)  # mkdtemp creates it private
         if root.exists():
             shutil.rmtree(root)
         os.replace(tmp, root)

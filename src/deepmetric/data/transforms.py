@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from ..config import TEST_RESIZE_MODES, TRAIN_PAD_MODES
+from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 
 ABE_TEST_SCALE = 256 / 224  # ABE §4: longer side 256, centre crop 224
 

@@ -1,16 +1,22 @@
-"""Evaluation: exact blocked kNN, retrieval metrics and the split evaluator."""
+"""Evaluation: exact blocked kNN, retrieval metrics and the split evaluator.
 
-from .knn import knn
-from .metrics import nmi_score, retrieval_metrics
+Names are imported on first use (PEP 562), so that ``deepmetric.evaluation.engines`` costs no torch and metrics of
+precomputed embeddings do not import the data pipeline (torchvision).
+"""
 
-__all__ = ["embed_table", "evaluate", "knn", "nmi_score", "retrieval_metrics", "split_metrics"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+EXPORTS = {"nmi_score": "metrics", "retrieval_metrics": "metrics", "EmbedSettings": "evaluator",
+           "embed_table": "evaluator", "evaluate": "evaluator", "split_metrics": "evaluator"}
+# ``deepmetric.evaluation.knn`` is the module (``knn.knn`` the function): a lazily loaded package cannot give a
+# function the name of one of its submodules, which the import system sets on the package once loaded.
+__all__ = sorted(EXPORTS)
 
 
-def __getattr__(name: str):
-    """The evaluator (which needs the data pipeline, hence torchvision) is imported on first use, so that
-    metrics of precomputed embeddings start quickly."""
-    if name in ("embed_table", "evaluate", "split_metrics"):
-        from . import evaluator
-
-        return getattr(evaluator, name)
+def __getattr__(name: str) -> Any:
+    if name in EXPORTS:
+        return getattr(importlib.import_module(f".{EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module 'deepmetric.evaluation' has no attribute '{name}'")

@@ -17,26 +17,19 @@ import torch
 
 from ..data.table import RetrievalDataset
 from ..errors import DeepMetricError
-from .evaluator import embed_outputs
+from ..models.modes import eval_mode
+from .evaluator import EmbedSettings, embed_outputs
 
 
 def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, table: RetrievalDataset,
-                         image_size: int, test_resize: str = "resize", batch_size: int = 128,
-                         device: str | torch.device = "cpu", num_workers: int = 0, progress: bool = True,
-                         desc: str = "embedding") -> dict[str, np.ndarray]:
+                         settings: EmbedSettings, desc: str = "embedding") -> dict[str, np.ndarray]:
     """``{"embedding": model's, "<head>.<name>": ..., "<regulariser>.<name>": ...}`` for every row of ``table``."""
-    was_training = objective.training
-    objective.eval()
-
     def select(output):
         return {"embedding": output.embedding, **model.head.auxiliary_embeddings(output),
                 **objective.auxiliary_embeddings(output)}
 
-    try:
-        return embed_outputs(model, table, image_size, select, test_resize, batch_size, device, num_workers,
-                             progress, desc)
-    finally:
-        objective.train(was_training)
+    with eval_mode(objective):
+        return embed_outputs(model, table, settings, select, desc)
 
 
 def learner_summary(rows: dict[str, dict[str, float]], prefix: str | None) -> dict[str, dict[str, float]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,15 +14,42 @@ from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..distributed import DistContext, gather_rows, shard_rows
 from ..models.heads import HeadOutput
+from ..models.modes import eval_mode
 from ..progress import progress_bar
 from .metrics import compute_metrics
 
 
+@dataclass(frozen=True)
+class EmbedSettings:
+    """How a table is embedded: what travels together from the config to every embedding pass.
+
+    Args:
+        image_size: side of the test image (``data.image_size``).
+        test_resize: how it is resized (``data.test_resize``, ``data/resizing.py``).
+        batch_size: images per forward pass (``eval.batch_size``).
+        device: where the model runs.
+        num_workers: DataLoader workers decoding images (``data.num_workers``).
+        progress: show a progress bar.
+    """
+
+    image_size: int
+    test_resize: str = "resize"
+    batch_size: int = 128
+    device: str | torch.device = "cpu"
+    num_workers: int = 0
+    progress: bool = True
+
+    @classmethod
+    def from_config(cls, config: Any, device: str | torch.device, progress: bool = True,
+                    batch_size: int | None = None) -> EmbedSettings:
+        """The settings of a run's config (``data`` and ``eval`` sections) on ``device``."""
+        d = config.data
+        return cls(d.image_size, d.test_resize, batch_size or config.eval.batch_size, device, d.num_workers, progress)
+
+
 @torch.no_grad()
-def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, image_size: int,
-                  select: Callable[[HeadOutput], dict[str, torch.Tensor]], test_resize: str = "resize",
-                  batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-                  progress: bool = True, desc: str = "embedding",
+def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, settings: EmbedSettings,
+                  select: Callable[[HeadOutput], dict[str, torch.Tensor]], desc: str = "embedding",
                   context: DistContext | None = None) -> dict[str, np.ndarray]:
     """``{name: (N, D) float32}`` for every row of ``table``, in row order: ``select`` picks the named
     tensors of each batch's ``HeadOutput`` (the model runs in eval mode).
@@ -28,27 +57,23 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, image_size: i
     Under torch.distributed (``context``) each rank embeds rows ``rank::world`` and every rank gets all N."""
     context = context or DistContext()
     rows = shard_rows(len(table), context)
-    dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(image_size, test_resize)), rows.tolist())
-    loader = inference_loader(dataset, batch_size, num_workers)
-    was_training = model.training
-    model.eval()
+    dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(settings.image_size, settings.test_resize)),
+                                      rows.tolist())
+    loader = inference_loader(dataset, settings.batch_size, settings.num_workers)
     chunks: dict[str, list[torch.Tensor]] = {}
-    try:
-        for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not progress, leave=False):
-            for name, value in select(model(images.to(device))).items():
+    with eval_mode(model):
+        for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not settings.progress,
+                                         leave=False):
+            for name, value in select(model(images.to(settings.device))).items():
                 chunks.setdefault(name, []).append(value.float().cpu())
-    finally:
-        model.train(was_training)
-    return {name: gather_rows(torch.cat(values).to(device), len(table), context).cpu().numpy()
+    return {name: gather_rows(torch.cat(values).to(settings.device), len(table), context).cpu().numpy()
             for name, values in chunks.items()}
 
 
-def embed_table(model: torch.nn.Module, table: RetrievalDataset, image_size: int, test_resize: str = "resize",
-                batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-                progress: bool = True, desc: str = "embedding", context: DistContext | None = None) -> np.ndarray:
+def embed_table(model: torch.nn.Module, table: RetrievalDataset, settings: EmbedSettings, desc: str = "embedding",
+                context: DistContext | None = None) -> np.ndarray:
     """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order (all N on every rank)."""
-    embeddings = embed_outputs(model, table, image_size, lambda output: {"embedding": output.embedding},
-                               test_resize, batch_size, device, num_workers, progress, desc, context)
+    embeddings = embed_outputs(model, table, settings, lambda output: {"embedding": output.embedding}, desc, context)
     return embeddings.get("embedding", np.zeros((0, getattr(model, "embedding_dim", 0)), dtype=np.float32))
 
 
@@ -70,12 +95,24 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Se
                            self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine)
 
 
-def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, image_size: int,
-             recall_at: Sequence[int] | None = None, nmi: bool = True, test_resize: str = "resize",
-             batch_size: int = 128, device: str | torch.device = "cpu", num_workers: int = 0,
-             progress: bool = True, engine: str = "auto", context: DistContext | None = None) -> dict[str, float]:
-    """Embed ``split`` of ``table`` and return its metrics (Recall@K at the data set's ranks by default)."""
+def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, settings: EmbedSettings,
+             recall_at: Sequence[int] | None = None, nmi: bool = True, engine: str = "auto",
+             context: DistContext | None = None) -> dict[str, float | None]:
+    """Embed ``split`` of ``table`` and return its retrieval metrics.
+
+    Args:
+        model: an ``Embedder`` (any module returning a ``HeadOutput``).
+        table: the data set table; ``split`` is ``train``, ``val`` or ``test``.
+        settings: how to embed (``EmbedSettings(image_size=224)``, or ``EmbedSettings.from_config``).
+        recall_at: the ranks K of Recall@K (default: the data set's standard ranks, thesis §2.6.2).
+        nmi: also compute NMI (a k-means of the query embeddings).
+        engine: the exact kNN engine (``evaluation/engines.py``).
+        context: torch.distributed ranks sharing the embedding pass.
+
+    Returns:
+        ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` as fractions (``nmi`` None when
+        undefined), as ``retrieval_metrics``.
+    """
     part = table.split(split)
-    embeddings = embed_table(model, part, image_size, test_resize, batch_size, device, num_workers, progress,
-                             desc=f"embedding {split}", context=context)
+    embeddings = embed_table(model, part, settings, desc=f"embedding {split}", context=context)
     return split_metrics(embeddings, part, recall_at or table.recall_at, nmi, engine)

@@ -35,9 +35,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from ..config import KNN_ENGINES
 from ..errors import DeepMetricError
 from ..hardware import cpu_info
+from .engines import KNN_ENGINES
 
 FAISS_MARGIN = 16
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..training.checkpoint import atomic_write_bytes
-from ..viz.render import figure_png, project_2d
+from ..io import atomic_write_bytes
+from ..render import figure_png, project_2d
 
 
 def _save(figure: Figure, path: Path) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 
 from .backbones import create_backbone
 from .heads import Head, HeadOutput, build_head, head_class
+from .modes import eval_mode
 
 
 class Embedder(nn.Module):
@@ -52,22 +53,14 @@ class Embedder(nn.Module):
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) in [0, 1] -> (B, D) l2-normalised embeddings, in eval mode."""
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             return self(images).embedding
-        finally:
-            self.train(was_training)
 
     @torch.no_grad()
     def initialize_head(self, image_batches: Iterable[torch.Tensor]) -> None:
         """Run ``head.initialize`` on the trunk features of these image batches ((B, 3, H, W) in [0, 1])."""
-        was_training = self.training
-        self.eval()
-        try:
+        with eval_mode(self):
             self.head.initialize(self.trunk(self.normalize(images)) for images in image_batches)
-        finally:
-            self.train(was_training)
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """The head's named groups (``pretrained``, ``new``, ...) with the trunk added to ``pretrained``;

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from ..data.table import RetrievalDataset
 from ..evaluation.knn import knn
-from ..viz.render import figure_png, project_2d, projection_method
+from ..render import figure_png, project_2d, projection_method
 
 
 def _png(figure: Figure) -> bytes:

@@ -23,9 +23,9 @@ import torch
 import yaml
 
 from ..errors import DeepMetricError
-from ..evaluation import embed_table
+from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
-from ..training.checkpoint import atomic_write_text
+from ..io import atomic_write_text
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import load_table, resolve_device
 from . import figures
@@ -128,8 +128,7 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     if test_embeddings is not None and len(test_embeddings) != len(test):
         raise DeepMetricError(f"the report got {len(test_embeddings)} test embeddings for {len(test)} test images")
     embeddings = test_embeddings if test_embeddings is not None else embed_table(
-        model, test, config.data.image_size, config.data.test_resize, config.eval.batch_size, device,
-        config.data.num_workers, progress, desc="embedding test")
+        model, test, EmbedSettings.from_config(config, device, progress), desc="embedding test")
     log = run.read_log()
     results: dict[str, dict[str, float]] = {}
     provenance = {f"training session {i}": session for i, session in enumerate(run.sessions(), 1)}

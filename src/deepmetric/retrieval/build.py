@@ -10,7 +10,8 @@ from typing import Any
 
 from ..data.images import IMAGE_EXTENSIONS
 from ..errors import DataError, IndexStoreError
-from ..evaluation import embed_table
+from ..evaluation import EmbedSettings, embed_table
+from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
@@ -117,6 +118,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
         check_same_model(manifest, model_info, out)
     elif (out / "index.json").exists():
         raise IndexStoreError(f"{out} already holds an index; add images to it with --add, or choose another --out")
+    check_writable(out.parent / f".{out.name}" if not add else out / "index.json")  # before the embedding work
     root, files = gallery_files(images)
     skipped = 0
     if manifest is not None:
@@ -131,8 +133,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
     table = files_table(str(images), files)
-    embeddings = embed_table(model, table, config.data.image_size, config.data.test_resize,
-                             batch_size or config.eval.batch_size, device, config.data.num_workers, progress,
+    embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size),
                              desc="indexing")
     if manifest is None:
         params = faiss_index.ivf_pq_params(len(files), embeddings.shape[1], nlist, pq_m) if kind == "ivf-pq" else None

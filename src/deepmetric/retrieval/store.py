@@ -24,7 +24,6 @@ import fcntl
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +37,7 @@ from safetensors.numpy import load_file as load_safetensors_file
 from safetensors.numpy import save as save_safetensors
 
 from ..errors import IndexStoreError
-from ..training.checkpoint import atomic_write_bytes, atomic_write_text, fsync_dir
+from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, temporary_folder
 from . import faiss_index
 
 FORMAT = "deepmetric-index-1"
@@ -111,7 +110,7 @@ def _manifest_from_dict(data: dict[str, Any], where: Path) -> IndexManifest:
 
 def check_model_record(manifest: IndexManifest, where: Path) -> None:
     """The model record that embeds queries (``Searcher``; an index searched by vectors alone needs none)."""
-    from ..config import TEST_RESIZE_MODES
+    from ..data.resizing import TEST_RESIZE_MODES
 
     model = manifest.model
     problem = None
@@ -191,7 +190,8 @@ def read_faiss(index_dir: str | Path, manifest: IndexManifest) -> Any:
     if index.ntotal != manifest.count or index.d != manifest.embedding_dim:
         raise IndexStoreError(f"{path} holds {index.ntotal} vectors of {index.d} dimensions, the manifest says "
                               f"{manifest.count} of {manifest.embedding_dim}")
-    if manifest.kind == "flat" and index.ntotal and not np.isfinite(index.reconstruct_n(0, index.ntotal)).all():
+    vectors = np.asarray(index.reconstruct_n(0, index.ntotal)) if manifest.kind == "flat" and index.ntotal else None
+    if vectors is not None and not np.isfinite(vectors).all():
         raise IndexStoreError(f"{path} holds NaN or infinite vectors; the index is damaged: rebuild it")
     return index
 
@@ -218,9 +218,8 @@ def create_index(index_dir: str | Path, manifest: IndexManifest, embeddings: np.
         raise IndexStoreError(f"{out} already holds an index; add images to it with --add, or choose another --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise IndexStoreError(f"{out} exists and is not an empty folder; choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
     manifest.created_at = manifest.updated_at = time.strftime("%Y-%m-%d %H:%M:%S")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = temporary_folder(out)
     try:
         _write_generation(tmp, manifest, embeddings, index)
         if out.exists():

@@ -22,17 +22,15 @@ import numpy as np
 
 from ..errors import DeepMetricError
 from ..evaluation.table import metric_label
-from ..training.checkpoint import atomic_write_bytes, atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text
 from ..training.run_dir import RunDir
 from .spec import StudyRun, StudySpec
 
 
 def _records(spec: StudySpec, file_of: Callable[[RunDir], Path]) -> Iterator[tuple[StudyRun, dict[str, Any]]]:
     """Each run whose evaluation file ``file_of(run directory)`` exists, with that file's record."""
-    from .runner import run_dir_of
-
     for run in spec.runs():
-        path = file_of(RunDir(run_dir_of(spec, run)))
+        path = file_of(RunDir(spec.run_dir(run)))
         if path.is_file():
             yield run, json.loads(path.read_text())
 
@@ -110,7 +108,7 @@ def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     """Grouped bars of Recall@1 and MAP@R (mean ± std) per variant, as PNG bytes."""
     from matplotlib.figure import Figure
 
-    from ..viz.render import figure_png
+    from ..render import figure_png
 
     metrics, summary = summarise(rows)
     shown = [m for m in ("recall@1", "map@r") if m in metrics]

@@ -17,13 +17,9 @@ from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
-from .spec import StudyRun, StudySpec
+from .spec import StudySpec
 
 log = logging.getLogger("deepmetric")
-
-
-def run_dir_of(spec: StudySpec, run: StudyRun) -> Path:
-    return spec.out / "runs" / run.variant / str(run.repeat)
 
 
 def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
@@ -31,7 +27,7 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
     runs = spec.runs()
     failed: list[str] = []
     for number, run in enumerate(runs, start=1):
-        directory = run_dir_of(spec, run)
+        directory = spec.run_dir(run)
         folder = RunDir(directory)
         trained = folder.test_metrics.is_file()
         if trained and (not spec.all_embeddings or folder.all_embeddings_metrics.is_file()):

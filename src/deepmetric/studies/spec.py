@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from ..config import build_config, load_yaml, merge_layers
+from ..config import build_config, load_yaml, merge_layers, nest
 from ..errors import ConfigError, did_you_mean
 
 KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction", "all_embeddings")
@@ -67,6 +67,10 @@ class StudySpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     """``key=value`` overrides from the command line, over every variant's settings."""
 
+    def run_dir(self, run: StudyRun) -> Path:
+        """Where ``run`` trains: ``<out>/runs/<variant>/<repeat>``."""
+        return self.out / "runs" / run.variant / str(run.repeat)
+
     def runs(self) -> list[StudyRun]:
         """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
         early already compares every variant)."""
@@ -88,16 +92,8 @@ def _dotted(mapping: dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"study: '{where}' must be a mapping of config keys, got {mapping!r}")
     nested: dict[str, Any] = {}
     for key, value in mapping.items():
-        nested = merge_layers(nested, _nest(key, value))
+        nested = merge_layers(nested, nest(str(key), value))
     return nested
-
-
-def _nest(key: str, value: Any) -> dict[str, Any]:
-    parts = str(key).split(".")
-    out: dict[str, Any] = {parts[-1]: value}
-    for part in reversed(parts[:-1]):
-        out = {part: out}
-    return out
 
 
 def _merged(layers: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> dict[str, Any]:

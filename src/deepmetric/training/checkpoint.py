@@ -3,17 +3,14 @@
 A checkpoint holds ``model.*`` tensors, and for ``last`` also ``optim.*`` (Adam's moments) and
 ``rng.*`` (torch's generator states); everything else (step, optimiser hyper-parameters, the model's
 architecture spec, best score) is JSON in the safetensors metadata. Nothing is pickled, so loading a
-checkpoint never executes code. Files are written to a temporary file in the same folder, fsynced and
-renamed over the old one, so a crash at any moment leaves either the old or the new checkpoint whole.
+checkpoint never executes code. Files are written through ``deepmetric.io.atomic_path`` (a temporary file
+in the same folder, fsynced and renamed over the old one), so a crash at any moment leaves either the old or
+the new checkpoint whole.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,53 +20,10 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
-from ..io import to_json
+from ..io import atomic_path, to_json
 
 FORMAT = "deepmetric-checkpoint-1"
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
-
-
-def fsync_dir(folder: Path) -> None:
-    """fsync a folder so that a rename inside it survives a crash (best effort)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary file beside ``path`` for the caller to write; on success it is fsynced and renamed over
-    ``path``, so ``path`` is always either its old or its new content; on failure it is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (``atomic_path``)."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -85,7 +39,10 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[st
         seen.add(storage)
     header = {"format": FORMAT, "state": to_json(state)}
     with atomic_path(Path(path)) as tmp:
-        save_safetensors_file(plain, tmp, metadata=header)
+        try:
+            save_safetensors_file(plain, tmp, metadata=header)
+        except SafetensorError as error:  # safetensors reports a full disk as its own error, not an OSError
+            raise OSError(str(error)) from None
 
 
 def looks_like_safetensors(data: bytes) -> bool:
@@ -145,32 +102,3 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
     return _state(path, metadata)
 
 
-def prefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.{k}": v for k, v in tensors.items()}
-
-
-def unprefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    start = len(prefix) + 1
-    return {k[start:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
-
-
-def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (``{param}.{key}``) and JSON (groups, scalars)."""
-    state_dict = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, values in state_dict["state"].items():
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{index}.{key}"] = value
-            else:
-                scalars[f"{index}.{key}"] = value
-    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
-
-
-def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                        meta: dict[str, Any]) -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})

@@ -16,8 +16,12 @@ RUN/
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +30,9 @@ import yaml
 
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError
-from ..io import to_json
+from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, to_json, unprefixed
 from ..models import Embedder, create_model
-from .checkpoint import atomic_write_text, load_checkpoint, unprefixed
+from .checkpoint import load_checkpoint
 
 log = logging.getLogger("deepmetric")
 
@@ -118,6 +122,62 @@ class RunDir:
 
     def exists(self) -> bool:
         return self.config_path.is_file()
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / ".lock"
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Hold the run folder for this process: an exclusive ``flock`` on ``RUN/.lock``, released when the
+        process ends or dies. A second training into the same folder is refused naming the holder's PID (two
+        trainings into one ``--out`` both ran and interleaved their logs, configs and checkpoints)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise DeepMetricError(f"{self.path} is a file, not a run folder; choose another --out")
+        created = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.lock_path, "a+")  # noqa: SIM115 - held for the whole run
+        except OSError as error:
+            raise DeepMetricError(f"cannot write to {self.path}: {error.strerror or error}") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise DeepMetricError(f"{self.path} is in use by another training (process {holder}); wait for it to "
+                                  "end or choose another --out") from None
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+            if [f.name for f in self.path.iterdir()] == [self.lock_path.name]:  # nothing written: leave no folder
+                self.lock_path.unlink()
+                for folder in created:  # deepest first
+                    folder.rmdir()
+
+    def clear_failed_start(self) -> None:
+        """Remove what a run that stopped before its first checkpoint wrote, so that it starts afresh."""
+        for file in (self.config_path, self.metrics_log, self.environment, self.baseline, self.bad_items):
+            file.unlink(missing_ok=True)
+
+    def remove_stale_temporaries(self) -> None:
+        """Remove the temporary files that a killed write left in the run folder (``deepmetric.io``'s
+        ``.<name>.<random>.tmp``, safetensors' ``.tmp<random>``): each kill during a checkpoint left one."""
+        stale = [f for folder in (self.path, self.path / "checkpoints") if folder.is_dir() for f in folder.iterdir()
+                 if f.is_file() and f.name.startswith(TEMPORARY_PREFIX)
+                 and (f.name.endswith(TEMPORARY_SUFFIX) or f.name.startswith(".tmp"))]
+        if stale:
+            size = sum(f.stat().st_size for f in stale)
+            for file in stale:
+                file.unlink(missing_ok=True)
+            log.info("removed %d temporary file(s) (%.1f MB) left by an interrupted write", len(stale), size / 2**20)
 
     def config(self) -> RunConfig:
         if not self.config_path.is_file():

@@ -13,7 +13,7 @@ from ..data import load_dataset
 from ..data.audit import BadItem, check_table
 from ..data.table import RetrievalDataset, recheck_test_counts
 from ..errors import DeepMetricError
-from ..evaluation import evaluate
+from ..evaluation import EmbedSettings, evaluate
 from ..models import Embedder, create_model
 from ..provenance import evaluation_environment
 
@@ -70,9 +70,8 @@ def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch
     model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
                          freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
     model = model.set_channels_last(config.train.channels_last).to(device)
-    metrics = evaluate(model, table, "test", config.data.image_size, config.eval.recall_at, config.eval.nmi,
-                       config.data.test_resize, config.eval.batch_size, device, config.data.num_workers, progress,
-                       config.eval.engine)
+    metrics = evaluate(model, table, "test", EmbedSettings.from_config(config, device, progress), config.eval.recall_at,
+                       config.eval.nmi, config.eval.engine)
     pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
     return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics,
             "environment": evaluation_environment(device, config.eval.engine)}

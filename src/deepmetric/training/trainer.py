@@ -12,10 +12,11 @@ step follows the model's, its state goes into ``last``; without one the loop is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,14 @@ from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
-from ..evaluation import evaluate
+from ..evaluation import EmbedSettings, evaluate
 from ..generators import Generator, build_generator
-from ..io import to_json
+from ..io import atomic_write_text, optimizer_from_flat, optimizer_to_flat, prefixed, to_json, unprefixed
 from ..losses import Objective, build_objective
 from ..models import Embedder
 from ..progress import progress_bar
 from ..provenance import environment
-from .checkpoint import (
-    atomic_write_text,
-    load_checkpoint,
-    optimizer_from_flat,
-    optimizer_to_flat,
-    prefixed,
-    save_checkpoint,
-    unprefixed,
-)
+from .checkpoint import load_checkpoint, save_checkpoint
 from .optim import apply_schedule, build_optimizer
 from .run_dir import RunDir
 from .setup import build_model, load_table, resolve_device, seed_everything, untrained_baseline
@@ -93,67 +86,105 @@ def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDat
     model.initialize_head(images.to(device) for images, _, _ in loader)
 
 
-def _save_last(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer, step: int,
-               best: dict[str, Any], generator: Generator | None = None) -> None:
+@dataclass
+class Session:
+    """What one training session works with: the steps of ``train`` hand it on instead of long argument lists."""
+
+    config: RunConfig
+    run: RunDir
+    context: DistContext
+    device: torch.device
+    progress: bool
+    model: Embedder
+    table: RetrievalDataset
+    train_part: RetrievalDataset
+    classes: np.ndarray
+    """The training classes, sorted; batches carry their indices (per-class loss parameters index by these)."""
+    objective: Objective
+    optimizer: torch.optim.Optimizer
+    generator: Generator | None = None
+    sampler: PKSampler | None = None
+    start_step: int = 0
+    best: dict[str, Any] = field(default_factory=lambda: {"score": None, "step": None})
+
+
+def selection_key(metrics: dict[str, float]) -> list[float]:
+    """How validation ranks checkpoints: Recall@1, ties (it saturates on small validation sets) broken by MAP@R,
+    then R-precision."""
+    return [metrics["recall@1"], metrics["map@r"], metrics["r_precision"]]
+
+
+def _improves(key: list[float], best: dict[str, Any]) -> bool:
+    if best.get("score") is None:
+        return True
+    held = best.get("key") or [best["score"], float("-inf"), float("-inf")]  # a checkpoint from before the tie rule
+    return key > held
+
+
+def _save_last(session: Session, step: int) -> None:
+    model, objective, optimizer, generator = session.model, session.objective, session.optimizer, session.generator
     optim_tensors, optim_meta = optimizer_to_flat(optimizer)
     tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict()),
                **prefixed("optim", optim_tensors), "rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     state = {"kind": "last", "step": step, "model_spec": model.spec, "objective_classes": objective.num_classes,
-             "optimizer": optim_meta, "best": best}
+             "optimizer": optim_meta, "best": session.best}
     if generator is not None:
         generator_tensors, state["generator"] = generator.checkpoint_state()
         tensors.update(prefixed("generator", generator_tensors))
-    save_checkpoint(run.last, tensors, state)
+    save_checkpoint(session.run.last, tensors, state)
 
 
-def _save_best(run: RunDir, model: Embedder, objective: Objective, step: int, score: float) -> None:
+def _save_best(session: Session, step: int, metrics: dict[str, float]) -> None:
     """The model at its best validation score, with the objective's state (for evaluating auxiliary embeddings)."""
+    model, objective = session.model, session.objective
     tensors = {**prefixed("model", model.state_dict()), **prefixed("objective", objective.state_dict())}
-    save_checkpoint(run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec,
-                                        "objective_classes": objective.num_classes, "val_recall@1": score})
+    save_checkpoint(session.run.best, tensors, {"kind": "best", "step": step, "model_spec": model.spec,
+                                                "objective_classes": objective.num_classes,
+                                                "val_recall@1": metrics["recall@1"], "val_map@r": metrics["map@r"],
+                                                "val_r_precision": metrics["r_precision"]})
 
 
-def _validate(config: RunConfig, run: RunDir, model: Embedder, objective: Objective, table: RetrievalDataset,
-              device: torch.device, step: int, best: dict[str, Any], bar: Any | None,
-              context: DistContext) -> dict[str, Any]:
+def _validate(session: Session, step: int, bar: Any | None) -> None:
     """Evaluate the validation split (sharded across ranks), log it, and save ``best`` (with the objective's
-    state, for evaluating auxiliary embeddings) when Recall@1 improves; returns the new best (the same on every
-    rank)."""
-    metrics = evaluate(model, table, "val", config.data.image_size, (1,), nmi=False,
-                       test_resize=config.data.test_resize, batch_size=config.eval.batch_size, device=device,
-                       num_workers=config.data.num_workers, progress=False, engine=config.eval.engine,
-                       context=context)
-    score = metrics["recall@1"]
-    improved = best["score"] is None or score > best["score"]
+    state, for evaluating auxiliary embeddings) when it improves by ``selection_key``; every rank updates
+    ``session.best`` alike."""
+    config, context = session.config, session.context
+    metrics = evaluate(session.model, session.table, "val", EmbedSettings.from_config(config, session.device, False),
+                       (1,), nmi=False, engine=config.eval.engine, context=context)
+    key = selection_key(metrics)
+    improved = _improves(key, session.best)
     if improved:
-        best = {"score": score, "step": step}
+        session.best = {"score": metrics["recall@1"], "step": step, "key": key}
     if context.is_main:
-        run.append_log({"step": step, "split": "val", **metrics})
+        session.run.append_log({"step": step, "split": "val", **metrics})
         if improved:
-            _save_best(run, model, objective, step, score)
+            _save_best(session, step, metrics)
     if bar is not None:
-        bar.write(f"step {step}: validation Recall@1 {score:.4f} (best {best['score']:.4f} at step {best['step']})")
-    return best
+        best = session.best
+        bar.write(f"step {step}: validation Recall@1 {metrics['recall@1']:.4f}, MAP@R {metrics['map@r']:.4f} "
+                  f"(best {best['score']:.4f} at step {best['step']})")
 
 
-def _resume(run: RunDir, model: Embedder, objective: Objective, optimizer: torch.optim.Optimizer,
-            generator: Generator | None = None) -> tuple[int, dict[str, Any]]:
+def _resume(session: Session) -> None:
+    """Load ``last`` into the session: model, objective, optimiser, generator, RNG, step and best."""
+    run, generator = session.run, session.generator
     tensors, state = load_checkpoint(run.last)
     if generator is not None:
         if "generator" not in state:
             raise DeepMetricError(f"cannot resume {run.path} with a generator: its checkpoint has none (add the "
                                   "generator to a new run instead)")
         generator.load_checkpoint_state(unprefixed("generator", tensors), state["generator"])
-    model.load_state_dict(unprefixed("model", tensors))
-    objective.load_state_dict(unprefixed("objective", tensors))
-    optimizer_from_flat(optimizer, unprefixed("optim", tensors), state["optimizer"])
+    session.model.load_state_dict(unprefixed("model", tensors))
+    session.objective.load_state_dict(unprefixed("objective", tensors))
+    optimizer_from_flat(session.optimizer, unprefixed("optim", tensors), state["optimizer"])
     torch.set_rng_state(tensors["rng.torch"])
     cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states)
-    return int(state["step"]), state.get("best", {})
+    session.start_step = int(state["step"])
+    session.best = state.get("best", {}) or {"score": None, "step": None}
 
 
 def _build_generator(config: RunConfig, model: Embedder, num_classes: int,
@@ -184,13 +215,89 @@ def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, gene
 
 
 def _prepare_run_dir(run: RunDir, resume: bool, context: DistContext, config: RunConfig) -> None:
-    if run.exists() and not resume:
+    """A run folder holds a run once it has a checkpoint; one that stopped before its first (a failed start)
+    starts afresh, and ``--resume`` needs a checkpoint whose model, objective and groups the config keeps."""
+    if run.last.is_file() and not resume:
         raise DeepMetricError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
     if resume and not run.last.is_file():
-        raise DeepMetricError(f"cannot resume: {run.last} does not exist")
+        raise DeepMetricError(f"cannot resume {run.path}: it holds no checkpoint (the run stopped before its first); "
+                              "start it again without --resume")
     if resume:
         run.check_resumable(config)
-    context.barrier()  # every rank has looked before rank 0 writes (the directory appears with its first file)
+    elif run.exists() and context.is_main:
+        log.warning("%s holds a run that stopped before its first checkpoint: starting it afresh", run.path)
+        run.clear_failed_start()
+    if context.is_main:
+        run.remove_stale_temporaries()
+    context.barrier()  # every rank has looked before rank 0 writes
+
+
+def _set_up_process(t: Any, context: DistContext) -> torch.device:
+    """Threads, determinism and seeds of this process; its device."""
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    seed_everything(t.seed)
+    return resolve_device(t.device, context.local_rank)
+
+
+def _build_session(config: RunConfig, run: RunDir, context: DistContext, device: torch.device, resume: bool,
+                   progress: bool) -> tuple[Session, list[Any]]:
+    """Everything training needs, each piece checked before anything is written: the model first (a missing or
+    misfitting weight file is found before minutes of image audit), then the data and its audit, the
+    objective, optimiser and generator, the state of ``last`` when resuming, and the sampler (a data set too small
+    for a P x K batch is refused here). Returns the session and the bad items the audit left out."""
+    model = build_model(config).to(device)
+    table, bad_items = load_table(config, progress)
+    train_part = table.split("train")
+    classes = np.unique(train_part.labels)
+    if context.is_main:
+        log.info("%s", table.summary())
+    if context.enabled and not config.model.freeze_bn:
+        log.warning("distributed training with model.freeze_bn=false: BatchNorm statistics come from each "
+                    "rank's slice, so results differ from one process")
+    if not resume:
+        initialize_head(model, config, train_part, device)
+    generator = _build_generator(config, model, len(classes), context)
+    extra_classes = generator.extra_classes if generator is not None else 0
+    objective = build_objective(config.loss, model.head, num_classes=len(classes) + extra_classes).to(device)
+    optimizer = build_optimizer(model, objective, config.train)
+    if generator is not None:
+        generator.to(device)
+    session = Session(config, run, context, device, progress, model, table, train_part, classes, objective,
+                      optimizer, generator)
+    if resume:
+        _resume(session)
+    t, d = config.train, config.data
+    session.sampler = PKSampler(np.searchsorted(classes, train_part.labels), d.classes_per_batch,
+                                d.samples_per_class, seed=t.seed, start_step=session.start_step, num_steps=t.steps,
+                                rank=context.rank, world_size=context.world_size)
+    if len(session.sampler.dropped_classes) and context.is_main:
+        log.warning("%d training classes with a single image are left out of the batches",
+                    len(session.sampler.dropped_classes))
+    return session, bad_items
+
+
+def _first_writes(session: Session, bad_items: list[Any]) -> None:
+    """What rank 0 writes once every check has passed: the bad items left out, the config, this session's
+    environment, the untrained baseline; a resumed run's log loses the steps after its checkpoint."""
+    config, run, context = session.config, session.run, session.context
+    if context.is_main:
+        if session.start_step:
+            run.truncate_log(session.start_step)  # a killed run may have logged steps after its last checkpoint
+            log.info("resuming %s from step %d", run.path, session.start_step)
+        if bad_items:
+            atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
+            log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
+        save_config(config, run.config_path)
+        run.add_session(environment(session.device, start_step=session.start_step, steps=config.train.steps,
+                                    processes=context.world_size))
+        if config.eval.baseline and not run.baseline.is_file():
+            log.info("evaluating the untrained backbone on the test split")
+            baseline = untrained_baseline(config, session.table, session.device, session.progress)
+            atomic_write_text(run.baseline, to_json(baseline, indent=2))
+    context.barrier()
 
 
 def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None:
@@ -203,76 +310,44 @@ def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None
 
 
 def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train ``config`` into run directory ``out`` (resuming from its ``last`` checkpoint if asked)."""
+    """Train ``config`` into run directory ``out`` (resuming from its ``last`` checkpoint if asked).
+
+    Rank 0 holds the run folder for the whole run (``RunDir.claimed``: a second training into it is refused);
+    then the steps: set up the process, build and check every piece (``_build_session``), the first writes,
+    the loop.
+    """
     context = context_from_env()
     run = RunDir(out)
-    _prepare_run_dir(run, resume, context, config)
-    t = config.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    if t.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    seed_everything(t.seed)
-    device = resolve_device(t.device, context.local_rank)
-    progress = progress and context.is_main
+    with run.claimed() if context.is_main else contextlib.nullcontext():
+        _prepare_run_dir(run, resume, context, config)
+        device = _set_up_process(config.train, context)
+        session, bad_items = _build_session(config, run, context, device, resume, progress and context.is_main)
+        _first_writes(session, bad_items)
+        return _loop(session)
 
-    table, bad_items = load_table(config, progress)
-    train_part = table.split("train")
-    has_val = table.count("val") > 0
-    classes = np.unique(train_part.labels)
-    contiguous = np.searchsorted(classes, train_part.labels)  # per-class loss parameters index by these
-    if context.is_main:
-        log.info("%s", table.summary())
-    if context.enabled and not config.model.freeze_bn:
-        log.warning("distributed training with model.freeze_bn=false: BatchNorm statistics come from each "
-                    "rank's slice, so results differ from one process")
 
-    model = build_model(config).to(device)
-    if not resume:
-        initialize_head(model, config, train_part, device)
-    generator = _build_generator(config, model, len(classes), context)
-    extra_classes = generator.extra_classes if generator is not None else 0
-    objective = build_objective(config.loss, model.head, num_classes=len(classes) + extra_classes).to(device)
-    optimizer = build_optimizer(model, objective, t)
-    if generator is not None:
-        generator.to(device)
-    start_step, best = 0, {"score": None, "step": None}
-    if resume:
-        start_step, best = _resume(run, model, objective, optimizer, generator)
-        if context.is_main:
-            run.truncate_log(start_step)  # a killed run may have logged steps after its last checkpoint
-            log.info("resuming %s from step %d", run.path, start_step)
-    if context.is_main:  # the first writes, after every check of the data and the config passed
-        if bad_items:
-            atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
-            log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
-        save_config(config, run.config_path)
-        run.add_session(environment(device, start_step=start_step, steps=t.steps, processes=context.world_size))
-        if config.eval.baseline and not run.baseline.is_file():
-            log.info("evaluating the untrained backbone on the test split")
-            baseline = untrained_baseline(config, table, device, progress)
-            atomic_write_text(run.baseline, to_json(baseline, indent=2))
-    context.barrier()
-
+def _loop(session: Session) -> TrainResult:
+    """The training loop, from ``session.start_step`` to ``train.steps``: batch, forward, objective, step; logs,
+    validation, checkpoints; a signal stops it after a checkpoint."""
+    config, run, context, device = session.config, session.run, session.context, session.device
+    model, objective, optimizer, generator = session.model, session.objective, session.optimizer, session.generator
+    t, progress, start_step = config.train, session.progress, session.start_step
+    has_val = session.table.count("val") > 0
     trained = model
     if context.enabled:
         trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.index
                                                             is not None else None)
         trained.register_comm_hook(None, sum_gradients)
-    sampler = PKSampler(contiguous, config.data.classes_per_batch, config.data.samples_per_class, seed=t.seed,
-                        start_step=start_step, num_steps=t.steps, rank=context.rank, world_size=context.world_size)
-    if len(sampler.dropped_classes) and context.is_main:
-        log.warning("%d training classes with a single image are left out of the batches",
-                    len(sampler.dropped_classes))
-    dataset = ImageDataset(train_part, TrainTransform(config.data.image_size, config.data.resize_range,
-                                                      config.data.flip, config.data.train_pad), labels=contiguous)
-    batches = iter(training_loader(dataset, sampler, config.data.num_workers))
+    d = config.data
+    dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
+                           labels=np.searchsorted(session.classes, session.train_part.labels))
+    batches = iter(training_loader(dataset, session.sampler, d.num_workers))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
     started = time.perf_counter()
     window_start, window_images, smoothed = time.perf_counter(), 0, None
     bar = progress_bar(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
-               dynamic_ncols=True)
+                       dynamic_ncols=True)
     model.train()
     with stop_on_signals() as stop:
         for step in range(start_step, t.steps):
@@ -306,12 +381,11 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                 window_start, window_images = time.perf_counter(), 0
             bar.update(1)
             if has_val and (done % t.eval_every == 0 or done == t.steps):
-                best = _validate(config, run, model, objective, table, device, done, best,
-                                 bar if progress else None, context)
+                _validate(session, done, bar if progress else None)
                 window_start = time.perf_counter()  # keep validation time out of the images/s figure
             signum = _stop_requested(stop.signum, context)
             if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum):
-                _save_last(run, model, objective, optimizer, done, best, generator)
+                _save_last(session, done)
             if signum:
                 bar.close()
                 context.barrier()
@@ -319,8 +393,9 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
                                           f"checkpoint written to {run.last}; continue with --resume")
     bar.close()
     if context.is_main and start_step >= t.steps and not run.last.is_file():
-        _save_last(run, model, objective, optimizer, start_step, best, generator)
+        _save_last(session, start_step)
     if generator is not None and context.is_main:
-        _generator_diagnostics(run, config, model, generator, train_part, classes, device)
+        _generator_diagnostics(run, config, model, generator, session.train_part, session.classes, device)
     context.barrier()
+    best = session.best
     return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started)

@@ -25,9 +25,9 @@ from ..data.table import RetrievalDataset
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..errors import DataError, DeepMetricError
+from ..io import atomic_write_bytes
 from ..models import Embedder
 from ..progress import progress_bar
-from ..training.checkpoint import atomic_write_bytes
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
 from ..workflows import files_table, list_images

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
-from .render import figure_png
+from ..render import figure_png
 
 COLORMAP = "jet"
 ALPHA = 0.5

@@ -1,4 +1,5 @@
-"""Shared drawing plumbing: a matplotlib ``Figure`` to PNG bytes, and a 2-D projection of embeddings.
+"""Shared drawing plumbing, below every package that draws (viz, report, generators, studies): a matplotlib
+``Figure`` to PNG bytes, and a 2-D projection of embeddings.
 
 Figures are built with ``matplotlib.figure.Figure`` on the Agg canvas: no pyplot, no global backend state,
 no display needed, nothing to close.
