@@ -21,12 +21,11 @@ built with the options of ``generator.options`` and, when its constructor asks f
 from __future__ import annotations
 
 from ..registry import Registry
-from .base import GeneratedBatch, Generator
-from .mirage import MirageGenerator
+from .base import PROVIDED, GeneratedBatch, Generator
+from .mirage import MirageGenerator, MirageOptions
 
-PROVIDED = ("head", "num_classes", "batch_size", "lr", "seed")
-
-GENERATORS: Registry[type[Generator]] = Registry("generator", provided=PROVIDED)
+GENERATORS: Registry[type[Generator]] = Registry("generator", provided=PROVIDED,
+                                                  options_of=lambda cls: cls.option_names())
 GENERATORS.register("mirage", MirageGenerator)  # thesis ch. 6
 
 register_generator = GENERATORS.register
@@ -36,5 +35,5 @@ build_generator = GENERATORS.build
 """``build_generator(name, options, **provided)``: the generator with ``options`` plus the provided values
 (``head``, ``num_classes``, ``batch_size``, ``lr``, ``seed``) its constructor asks for."""
 
-__all__ = ["GENERATORS", "GeneratedBatch", "Generator", "MirageGenerator", "build_generator",
+__all__ = ["GENERATORS", "GeneratedBatch", "Generator", "MirageGenerator", "MirageOptions", "build_generator",
            "check_generator_options", "register_generator"]

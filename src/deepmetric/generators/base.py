@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..models.heads import HeadOutput
+from ..registry import keyword_parameters
 
 
 @dataclass
@@ -30,8 +31,17 @@ class GeneratedBatch:
         return self.embeddings, self.labels
 
 
+PROVIDED = ("head", "num_classes", "batch_size", "lr", "seed")
+"""What the trainer passes a generator's constructor (when it asks for them), not options."""
+
+
 class Generator(nn.Module):
     """Base class of example generators (see the module docstring for the protocol)."""
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The generator's options (``generator.options``): its constructor's keywords, less what is provided."""
+        return [name for name in keyword_parameters(cls) if name not in PROVIDED]
 
     extra_classes: int = 0
     """Labels the generator adds after the training classes' (``num_classes .. num_classes + extra - 1``);

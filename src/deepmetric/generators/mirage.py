@@ -49,6 +49,7 @@ when nothing is generated); ``virtual_fraction`` = 0.5 in ``both``; ``gan_loss="
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import ConfigError
-from ..models.heads import HeadOutput
+from ..models.heads import Head, HeadOutput
 from .base import GeneratedBatch, Generator
 
 MODES = ("both", "tcg", "virtual", "none")
@@ -71,65 +72,100 @@ def reconstruction_loss(features: torch.Tensor, decoded: torch.Tensor) -> torch.
     return (residual.abs().sum(1) + residual.pow(2).sum(1)).mean()
 
 
-class MirageGenerator(Generator):
-    def __init__(self, head: nn.Module, num_classes: int, batch_size: int, lr: float = 1e-5, seed: int = 0,
-                 mode: str = "both", batch_ratio: float = 1.0, virtual_ratio: float = 1.0,
-                 virtual_fraction: float = 0.5, virtual_per_class: int = 0, noise_std: float = 0.5,
-                 normalize_input: bool | None = None, generator_hidden: int = 512, generator_output: str | None = None,
-                 discriminator_hidden: int = 512, lr_generator: float = 1e-4, lr_discriminator: float = 1e-4,
-                 lr_prototypes: float | None = None, betas: tuple[float, float] | list[float] = (0.5, 0.999),
-                 reconstruction_weight: float = 1.0, adversarial_weight: float = 1.0, gan_loss: str = "minimax",
-                 adversarial_prototypes: bool = True, prototype_rows: bool = True, diagnostic_images: int = 1000,
-                 projection: str = "tsne"):
-        super().__init__()
-        if mode not in MODES:
-            raise ConfigError(f"generator 'mirage': mode must be one of {', '.join(MODES)}, got '{mode}'")
-        if gan_loss not in ("minimax", "nonsaturating"):
-            raise ConfigError(f"generator 'mirage': gan_loss must be minimax or nonsaturating, got '{gan_loss}'")
-        if projection not in ("tsne", "pca"):
-            raise ConfigError(f"generator 'mirage': projection must be tsne or pca, got '{projection}'")
-        if batch_ratio < 0 or virtual_ratio < 0 or not 0 <= virtual_fraction <= 1 or noise_std < 0:
+@dataclass(frozen=True)
+class MirageOptions:
+    """MIRAGE's hyper-parameters (``generator.options``), checked when built. Thesis ch. 6: ``batch_ratio``
+    |B~| / |B|, ``virtual_ratio`` N_v / N_t, ``noise_std`` Sigma's scale (eq. 6.2), the losses' weights (eq. 6.5);
+    the rest are choices the thesis leaves open (README, "MIRAGE")."""
+
+    mode: str = "both"
+    batch_ratio: float = 1.0
+    virtual_ratio: float = 1.0
+    virtual_fraction: float = 0.5
+    virtual_per_class: int = 0
+    noise_std: float = 0.5
+    normalize_input: bool | None = None
+    generator_hidden: int = 512
+    generator_output: str | None = None
+    discriminator_hidden: int = 512
+    lr_generator: float = 1e-4
+    lr_discriminator: float = 1e-4
+    lr_prototypes: float | None = None
+    betas: tuple[float, float] | list[float] = (0.5, 0.999)
+    reconstruction_weight: float = 1.0
+    adversarial_weight: float = 1.0
+    gan_loss: str = "minimax"
+    adversarial_prototypes: bool = True
+    prototype_rows: bool = True
+    diagnostic_images: int = 1000
+    projection: str = "tsne"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"generator 'mirage': mode must be one of {', '.join(MODES)}, got '{self.mode}'")
+        if self.gan_loss not in ("minimax", "nonsaturating"):
+            raise ConfigError(f"generator 'mirage': gan_loss must be minimax or nonsaturating, got '{self.gan_loss}'")
+        if self.projection not in ("tsne", "pca"):
+            raise ConfigError(f"generator 'mirage': projection must be tsne or pca, got '{self.projection}'")
+        if self.generator_output not in (None, "relu", "linear"):
+            raise ConfigError(f"generator 'mirage': generator_output must be relu or linear, got "
+                              f"'{self.generator_output}'")
+        if self.batch_ratio < 0 or self.virtual_ratio < 0 or not 0 <= self.virtual_fraction <= 1 \
+                or self.noise_std < 0:
             raise ConfigError("generator 'mirage': batch_ratio, virtual_ratio and noise_std must be >= 0 and "
-                              f"virtual_fraction in [0, 1]; got {batch_ratio}, {virtual_ratio}, {noise_std}, "
-                              f"{virtual_fraction}")
+                              f"virtual_fraction in [0, 1]; got {self.batch_ratio}, {self.virtual_ratio}, "
+                              f"{self.noise_std}, {self.virtual_fraction}")
+
+
+class MirageGenerator(Generator):
+    """Thesis ch. 6's generator of training-class and virtual-class examples; its options are ``MirageOptions``'
+    fields, given as keywords (``generator.options.<name>``)."""
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(MirageOptions)]
+
+    def __init__(self, head: Head, num_classes: int, batch_size: int, lr: float = 1e-5, seed: int = 0,
+                 **options: Any):
+        super().__init__()
+        o = self.options = MirageOptions(**options)
         self.head = [head]  # a reference, not a sub-module: the head's weights belong to the model
         self.num_classes = int(num_classes)
         self.batch_size = int(batch_size)
-        self.mode, self.batch_ratio, self.virtual_fraction = mode, float(batch_ratio), float(virtual_fraction)
-        self.num_virtual = int(round(virtual_ratio * num_classes)) if mode in ("both", "virtual") else 0
+        self.mode, self.batch_ratio, self.virtual_fraction = o.mode, float(o.batch_ratio), float(o.virtual_fraction)
+        self.num_virtual = int(round(o.virtual_ratio * num_classes)) if o.mode in ("both", "virtual") else 0
         self.extra_classes = self.num_virtual
-        self.virtual_per_class = int(virtual_per_class)
-        self.pooled = getattr(head, "pooled_dim", None) is not None
+        self.virtual_per_class = int(o.virtual_per_class)
+        self.pooled = head.pooled_dim is not None
         self.embedding_dim = int(head.embedding_dim)
         self.feature_dim = int(head.pooled_dim) if self.pooled else self.embedding_dim
-        self.normalized = bool(getattr(head, "normalized", True))
-        self.normalize_input = self.normalized if normalize_input is None else bool(normalize_input)
-        self.noise_std = float(noise_std)
-        output = generator_output or ("relu" if self.pooled else "linear")
-        if output not in ("relu", "linear"):
-            raise ConfigError(f"generator 'mirage': generator_output must be relu or linear, got '{output}'")
-        self.reconstruction_weight, self.adversarial_weight = float(reconstruction_weight), float(adversarial_weight)
-        self.gan_loss, self.adversarial_prototypes = gan_loss, bool(adversarial_prototypes)
-        self.prototype_rows, self.diagnostic_images, self.projection = bool(prototype_rows), int(diagnostic_images), \
-            projection
+        self.normalized = bool(head.normalized)
+        self.normalize_input = self.normalized if o.normalize_input is None else bool(o.normalize_input)
+        self.noise_std = float(o.noise_std)
+        output = o.generator_output or ("relu" if self.pooled else "linear")
+        self.reconstruction_weight, self.adversarial_weight = float(o.reconstruction_weight), float(
+            o.adversarial_weight)
+        self.gan_loss, self.adversarial_prototypes = o.gan_loss, bool(o.adversarial_prototypes)
+        self.prototype_rows, self.diagnostic_images, self.projection = bool(o.prototype_rows), int(
+            o.diagnostic_images), o.projection
         self.seed = int(seed)
 
         with torch.random.fork_rng(devices=[]):  # the model's random stream is left exactly as a plain run's
             torch.manual_seed(self.seed + 7919)
             d = self.embedding_dim
             self.prototypes = nn.Parameter(torch.randn(self.num_classes + self.num_virtual, d) / math.sqrt(d))
-            layers: list[nn.Module] = [nn.Linear(d, generator_hidden), nn.ReLU(),
-                                       nn.Linear(generator_hidden, self.feature_dim)]
+            layers: list[nn.Module] = [nn.Linear(d, o.generator_hidden), nn.ReLU(),
+                                       nn.Linear(o.generator_hidden, self.feature_dim)]
             self.generator = nn.Sequential(*layers, *([nn.ReLU()] if output == "relu" else []))
-            self.disc_trunk = nn.Sequential(nn.Linear(d, discriminator_hidden), nn.ReLU())
-            self.disc_real = nn.Linear(discriminator_hidden, 1)
-            self.disc_class = nn.Linear(discriminator_hidden, self.num_classes + self.num_virtual)
+            self.disc_trunk = nn.Sequential(nn.Linear(d, o.discriminator_hidden), nn.ReLU())
+            self.disc_real = nn.Linear(o.discriminator_hidden, 1)
+            self.disc_class = nn.Linear(o.discriminator_hidden, self.num_classes + self.num_virtual)
         self.noise = torch.Generator().manual_seed(self.seed + 104729)
-        betas = (float(betas[0]), float(betas[1]))
+        betas = (float(o.betas[0]), float(o.betas[1]))
         self.optimizers = {
-            "prototypes": torch.optim.Adam([self.prototypes], lr=lr if lr_prototypes is None else lr_prototypes),
-            "generator": torch.optim.Adam(self.generator.parameters(), lr=lr_generator, betas=betas),
-            "discriminator": torch.optim.Adam(self.discriminator_parameters(), lr=lr_discriminator, betas=betas),
+            "prototypes": torch.optim.Adam([self.prototypes], lr=lr if o.lr_prototypes is None else o.lr_prototypes),
+            "generator": torch.optim.Adam(self.generator.parameters(), lr=o.lr_generator, betas=betas),
+            "discriminator": torch.optim.Adam(self.discriminator_parameters(), lr=o.lr_discriminator, betas=betas),
         }
         self._virtual: tuple[torch.Tensor, torch.Tensor] | None = None
 
