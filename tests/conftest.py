@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepmetric.data.table import RetrievalDataset
+from deepmetric.data.table import RetrievalTable
 from helpers import make_table
 
 
@@ -17,7 +17,7 @@ def _seed():
 
 
 @pytest.fixture
-def blob_table() -> RetrievalDataset:
+def blob_table() -> RetrievalTable:
     return make_table()
 
 

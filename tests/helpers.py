@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from deepmetric.config import build_config
-from deepmetric.data.table import RetrievalDataset
+from deepmetric.data.table import RetrievalTable
 
 
 def make_table(n_classes: int = 8, per_class: int = 6, size: int = 24, seed: int = 0,
-               test_from: int | None = None) -> RetrievalDataset:
+               test_from: int | None = None) -> RetrievalTable:
     """In-memory images where each class is a coloured blob at its own position (learnable, not trivial)."""
     rng = np.random.default_rng(seed)
     images, labels = [], []
@@ -26,7 +26,7 @@ def make_table(n_classes: int = 8, per_class: int = 6, size: int = 24, seed: int
     test_from = n_classes // 2 if test_from is None else test_from
     splits = np.where(labels_array < test_from, "train", "test").astype(object)
     ones = np.ones(len(labels), dtype=bool)
-    return RetrievalDataset(name="blobs", images=np.stack(images), labels=labels_array, splits=splits,
+    return RetrievalTable(name="blobs", images=np.stack(images), labels=labels_array, splits=splits,
                             is_query=ones, is_gallery=ones, recall_at=(1, 2, 4))
 
 

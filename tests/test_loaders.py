@@ -138,17 +138,17 @@ def test_cars_cropped_reads_matlab_corners(tmp_path):
 
 def test_bad_bounding_boxes_are_named(tmp_path):
     from deepmetric.data.audit import audit_table
-    from deepmetric.data.table import RetrievalDataset
+    from deepmetric.data.table import RetrievalTable
 
     paths = [tmp_path / f"{i}.png" for i in range(3)]
     for path in paths:
         write_image(path)  # 12 x 10
     columns = dict(labels=[0, 0, 0], splits=["train"] * 3, is_query=[True] * 3, is_gallery=[True] * 3)
     with pytest.raises(DataError, match=r"1 empty bounding box.*1.png \(5.0, 5.0, 5.0, 9.0\)"):
-        RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [5, 5, 5, 9], [0, 0, 4, 4]], **columns)
+        RetrievalTable("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [5, 5, 5, 9], [0, 0, 4, 4]], **columns)
     with pytest.raises(DataError, match=r"bounding boxes have shape \(2, 4\), expected \(3, 4\)"):
-        RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4]] * 2, **columns)
-    table = RetrievalDataset("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [12, 0, 20, 4], [-3, -2, 99, 99]],
+        RetrievalTable("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4]] * 2, **columns)
+    table = RetrievalTable("t", [str(p) for p in paths], boxes=[[0, 0, 4, 4], [12, 0, 20, 4], [-3, -2, 99, 99]],
                              **columns)
     assert table.image(2).shape == (10, 12, 3)  # clipped to the image
     with pytest.raises(DataError, match=r"1.png: its bounding box \(12, 0, 20, 4\) lies outside the 12 x 10 image"):

@@ -126,11 +126,11 @@ def test_a_test_image_left_out_of_a_benchmark_stops_unless_told_and_is_recorded(
 
 
 def test_missing_files_duplicates_and_single_image_classes(tmp_path):
-    from deepmetric.data.table import RetrievalDataset
+    from deepmetric.data.table import RetrievalTable
 
     a, b = save(tmp_path / "a.png"), save(tmp_path / "b.png", value=10)
     paths = [str(a), str(b), str(a), str(tmp_path / "gone.png"), str(b)]
-    table = RetrievalDataset(name="t", images=paths, labels=np.array([0, 0, 1, 1, 2]),
+    table = RetrievalTable(name="t", images=paths, labels=np.array([0, 0, 1, 1, 2]),
                              splits=np.array(["train"] * 5, dtype=object), is_query=np.ones(5, bool),
                              is_gallery=np.ones(5, bool))
     problems = [(p.row, p.problem) for p in audit_table(table, progress=False)]

@@ -13,7 +13,7 @@ import torch
 
 from .config import RunConfig
 from .data.images import IMAGE_EXTENSIONS
-from .data.table import RetrievalDataset, test_sizes_match
+from .data.table import RetrievalTable, test_sizes_match
 from .errors import CheckpointError, DataError
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
@@ -51,7 +51,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     return record, embeddings
 
 
-def _test_record(config: RunConfig, table: RetrievalDataset, checkpoint: Path, state: dict[str, Any],
+def _test_record(config: RunConfig, table: RetrievalTable, checkpoint: Path, state: dict[str, Any],
                  device: torch.device, **results: Any) -> dict[str, Any]:
     """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``,
     and the machine, software and kNN engine that computed them."""
@@ -156,10 +156,10 @@ def list_images(path: str | Path) -> list[Path]:
     return files
 
 
-def files_table(name: str, files: list[Path]) -> RetrievalDataset:
+def files_table(name: str, files: list[Path]) -> RetrievalTable:
     """A table of unlabelled image files (label 0, split ``test``), to run a model over them."""
     count = len(files)
-    return RetrievalDataset(name=name, images=[str(f) for f in files], labels=np.zeros(count),
+    return RetrievalTable(name=name, images=[str(f) for f in files], labels=np.zeros(count),
                             splits=np.array(["test"] * count, dtype=object), is_query=np.ones(count, bool),
                             is_gallery=np.ones(count, bool))
 

@@ -1,4 +1,4 @@
-"""Data: the ``RetrievalDataset`` table, its loaders, the P x K sampler and the transforms.
+"""Data: the ``RetrievalTable`` table, its loaders, the P x K sampler and the transforms.
 
 ``load_dataset(spec)`` is the one entry point; a spec is a loader name, optionally with a path:
 
@@ -28,9 +28,9 @@ from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
 from .sampler import PKSampler
-from .table import RetrievalDataset, check_paths_exist, check_protocol
+from .table import RetrievalDataset, RetrievalTable, check_paths_exist, check_protocol
 
-DATASETS: Registry[Callable[..., RetrievalDataset]] = Registry(
+DATASETS: Registry[Callable[..., RetrievalTable]] = Registry(
     "data set", provided=("path", "seed", "check", "skip_bad"), error=DataError)
 """Loaders by spec name: ``loader(path, seed=, check=, skip_bad=)`` (each takes those it uses); a loader
 whose ``path`` has no default needs ``NAME:PATH``."""
@@ -41,7 +41,7 @@ for _name, _loader in {"glyphs": load_glyphs, "fashion-mnist": load_fashion_mnis
     DATASETS.register(_name, _loader)
 
 __all__ = [
-    "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "TestTransform", "TrainTransform",
+    "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform", "TrainTransform",
     "build_glyphs", "carve_validation", "load_dataset",
 ]
 
@@ -71,7 +71,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return name, (path or None)
 
 
-def carve_validation(table: RetrievalDataset, fraction: float, seed: int = 0) -> RetrievalDataset:
+def carve_validation(table: RetrievalTable, fraction: float, seed: int = 0) -> RetrievalTable:
     """Move a seeded random ``fraction`` of the training classes (class-disjoint) to the ``val`` split."""
     if fraction <= 0:
         return table
@@ -90,12 +90,21 @@ def carve_validation(table: RetrievalDataset, fraction: float, seed: int = 0) ->
 
 
 def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fraction: float = 0.0,
-                 val_seed: int = 0, check_files: bool = True, skip_bad: bool = False) -> RetrievalDataset:
+                 val_seed: int = 0, check_files: bool = True, skip_bad: bool = False) -> RetrievalTable:
     """Load the table named by ``spec`` with its zero-shot split (and an optional validation split).
 
-    ``check_files`` fails, naming them, when listed image files do not exist (the training flow turns it
-    off because its audit, ``data.audit``, reports missing files together with every other problem).
-    ``skip_bad`` (``data.skip_bad_images``) lets a loader leave out the rows it can (a CSV's repeated image).
+    Args:
+        spec: ``NAME`` or ``NAME:PATH`` of a ``DATASETS`` loader (the module docstring lists them).
+        seed: the data set's own seed where it has one (the glyphs character split).
+        check_counts: refuse a benchmark whose split sizes differ from the published ones.
+        val_fraction: the fraction of training classes moved to a class-disjoint ``val`` split.
+        val_seed: which classes move.
+        check_files: fail, naming them, when listed image files do not exist (the training flow turns it off:
+            its audit, ``data.audit``, reports missing files together with every other problem).
+        skip_bad: (``data.skip_bad_images``) let a loader leave out the rows it can (a CSV's repeated image).
+
+    Returns:
+        The ``RetrievalTable``, its zero-shot protocol checked (``check_protocol``).
     """
     name, path = parse_spec(spec)
     table = DATASETS.build(name, path=path, seed=seed, check=check_counts, skip_bad=skip_bad)

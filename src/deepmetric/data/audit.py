@@ -22,7 +22,7 @@ from PIL import Image, UnidentifiedImageError
 from ..errors import DataError
 from ..progress import progress_bar
 from .images import box_problem, clip_box
-from .table import RetrievalDataset
+from .table import RetrievalTable
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def image_problem(path: str, box: Sequence[float] | None = None) -> str | None:
     return None
 
 
-def audit_images(table: RetrievalDataset, workers: int = 4, progress: bool = True) -> list[BadItem]:
+def audit_images(table: RetrievalTable, workers: int = 4, progress: bool = True) -> list[BadItem]:
     """Undecodable images and paths listed more than once (the first listing is kept)."""
     if table.in_memory:
         return []
@@ -90,7 +90,7 @@ def audit_images(table: RetrievalDataset, workers: int = 4, progress: bool = Tru
     return problems
 
 
-def singleton_classes(table: RetrievalDataset) -> list[BadItem]:
+def singleton_classes(table: RetrievalTable) -> list[BadItem]:
     """Training and validation classes with a single image (no positive pair; a query without a match)."""
     problems = []
     for split in ("train", "val"):
@@ -102,7 +102,7 @@ def singleton_classes(table: RetrievalDataset) -> list[BadItem]:
     return problems
 
 
-def audit_table(table: RetrievalDataset, workers: int = 4, progress: bool = True) -> list[BadItem]:
+def audit_table(table: RetrievalTable, workers: int = 4, progress: bool = True) -> list[BadItem]:
     """Every problem of ``table``, sorted by row."""
     problems = audit_images(table, workers, progress) + singleton_classes(table)
     return sorted(problems, key=lambda p: (p.row, p.item))
@@ -115,14 +115,14 @@ def report(problems: list[BadItem], limit: int = 50) -> str:
     return "\n  ".join(lines)
 
 
-def drop_bad_items(table: RetrievalDataset, problems: list[BadItem]) -> RetrievalDataset:
+def drop_bad_items(table: RetrievalTable, problems: list[BadItem]) -> RetrievalTable:
     """The table without the rows named by ``problems`` (a duplicate keeps its first listing)."""
     bad_rows = {p.row for p in problems}
     keep = np.array([row not in bad_rows for row in range(len(table))], dtype=bool)
     return table.subset(keep)
 
 
-def check_table(table: RetrievalDataset, skip_bad: bool, progress: bool = True) -> tuple[RetrievalDataset,
+def check_table(table: RetrievalTable, skip_bad: bool, progress: bool = True) -> tuple[RetrievalTable,
                                                                                          list[BadItem]]:
     """Audit ``table``: raise one DataError naming every problem, or (``skip_bad``) drop the bad rows."""
     problems = audit_table(table, progress=progress)

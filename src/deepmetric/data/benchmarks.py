@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .table import RetrievalDataset, check_counts
+from .table import RetrievalTable, check_counts
 
 PUBLISHED = {
     "cub": {"train": 5864, "test": 5924},
@@ -74,10 +74,10 @@ def _int(value: str, path: Path, dataset: str) -> int:
 
 def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, root: Path, check: bool,
            is_query: np.ndarray | None = None, is_gallery: np.ndarray | None = None,
-           boxes: np.ndarray | None = None) -> RetrievalDataset:
+           boxes: np.ndarray | None = None) -> RetrievalTable:
     """The benchmark's table; with ``boxes``, the ``<name>-cropped`` variant."""
     ones = np.ones(len(paths), dtype=bool)
-    table = RetrievalDataset(
+    table = RetrievalTable(
         name=name if boxes is None else f"{name}-cropped", images=paths, labels=labels, splits=splits,
         is_query=ones if is_query is None else is_query, is_gallery=ones if is_gallery is None else is_gallery,
         recall_at=RECALL_AT[name], meta={"root": str(root)}, boxes=boxes,
@@ -86,7 +86,7 @@ def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, 
     return table
 
 
-def load_cub(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalDataset:
+def load_cub(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalTable:
     """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924); ``crop``: bounding boxes."""
     given = Path(path)
     root = given / "CUB_200_2011" if (given / "CUB_200_2011" / "images.txt").is_file() else given
@@ -110,7 +110,7 @@ def load_cub(path: str | Path, check: bool = True, crop: bool = False) -> Retrie
     return table
 
 
-def load_cars(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalDataset:
+def load_cars(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalTable:
     """Cars-196 from ``cars_annos.mat``: classes 1-98 train (8,054 images), 99-196 test (8,131); ``crop``:
     bounding boxes."""
     from scipy.io import loadmat
@@ -153,7 +153,7 @@ def _cub_boxes(root: Path, ids: list[int]) -> np.ndarray:
     return np.array([boxes[i] for i in ids])
 
 
-def load_sop(path: str | Path, check: bool = True) -> RetrievalDataset:
+def load_sop(path: str | Path, check: bool = True) -> RetrievalTable:
     """Stanford Online Products: ``Ebay_train.txt`` (59,551 images) and ``Ebay_test.txt`` (60,502)."""
     given = Path(path)
     root = given / "Stanford_Online_Products" if (given / "Stanford_Online_Products").is_dir() else given
@@ -167,7 +167,7 @@ def load_sop(path: str | Path, check: bool = True) -> RetrievalDataset:
     return _table("sop", paths, np.array(labels), np.array(splits, dtype=object), root, check)
 
 
-def load_inshop(path: str | Path, check: bool = True) -> RetrievalDataset:
+def load_inshop(path: str | Path, check: bool = True) -> RetrievalTable:
     """In-Shop: ``list_eval_partition.txt`` (25,882 train, 14,218 query, 12,612 gallery); queries vs gallery."""
     root = Path(path)
     listing = _find(root, ["Eval/list_eval_partition.txt", "list_eval_partition.txt"],

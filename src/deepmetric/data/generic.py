@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import DataError
 from .images import IMAGE_EXTENSIONS
-from .table import RetrievalDataset
+from .table import RetrievalTable
 
 log = logging.getLogger("deepmetric")
 
@@ -33,7 +33,7 @@ def _half_split(labels: np.ndarray) -> np.ndarray:
     return np.where(np.isin(labels, train), "train", "test").astype(object)
 
 
-def load_folder(path: str | Path) -> RetrievalDataset:
+def load_folder(path: str | Path) -> RetrievalTable:
     """One sub-folder per class (images anywhere below it); sorted class names, first half train."""
     root = Path(path)
     if not root.is_dir():
@@ -51,7 +51,7 @@ def load_folder(path: str | Path) -> RetrievalDataset:
         labels.extend([label] * len(files))
     labels_array = np.array(labels)
     ones = np.ones(len(paths), dtype=bool)
-    return RetrievalDataset(name=f"folder:{root}", images=paths, labels=labels_array,
+    return RetrievalTable(name=f"folder:{root}", images=paths, labels=labels_array,
                             splits=_half_split(labels_array), is_query=ones, is_gallery=ones,
                             class_names=names, meta={"root": str(root)})
 
@@ -88,7 +88,7 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
         raise DataError(f"csv: {path} is not a readable CSV: {error}") from None
 
 
-def load_csv(path: str | Path, skip_bad: bool = False) -> RetrievalDataset:
+def load_csv(path: str | Path, skip_bad: bool = False) -> RetrievalTable:
     """A CSV with columns ``path,label,split`` and optional ``is_query,is_gallery``.
 
     Paths are relative to the CSV's folder; labels are integers (64-bit); split is train, val or test. The
@@ -143,7 +143,7 @@ def load_csv(path: str | Path, skip_bad: bool = False) -> RetrievalDataset:
                         + more)
     if repeats:
         log.warning("csv: %s lists %d image(s) more than once; their repeated rows are left out", path, repeats)
-    return RetrievalDataset(name=f"csv:{path}", images=paths, labels=np.array(labels, dtype=np.int64),
+    return RetrievalTable(name=f"csv:{path}", images=paths, labels=np.array(labels, dtype=np.int64),
                             splits=np.array(splits, dtype=object), is_query=np.array(queries, dtype=bool),
                             is_gallery=np.array(galleries, dtype=bool), meta={"root": str(path.parent)})
 
@@ -189,16 +189,16 @@ def _fashion_mnist_files(root: Path | None) -> tuple[np.ndarray, np.ndarray]:
     return _fashion_mnist_files(target)
 
 
-def load_fashion_mnist(path: str | Path | None = None) -> RetrievalDataset:
+def load_fashion_mnist(path: str | Path | None = None) -> RetrievalTable:
     """Fashion-MNIST, all 70,000 images: classes 0-4 train, 5-9 test."""
     images, labels = _fashion_mnist_files(Path(path) if path else None)
     ones = np.ones(len(labels), dtype=bool)
-    return RetrievalDataset(name="fashion-mnist", images=np.ascontiguousarray(images), labels=labels,
+    return RetrievalTable(name="fashion-mnist", images=np.ascontiguousarray(images), labels=labels,
                             splits=np.where(labels <= 4, "train", "test").astype(object), is_query=ones,
                             is_gallery=ones, class_names=dict(enumerate(FASHION_MNIST_CLASSES)))
 
 
-def load_digits() -> RetrievalDataset:
+def load_digits() -> RetrievalTable:
     """scikit-learn's 1,797 8x8 handwritten digits (16 grey levels scaled to 0-255): 0-4 train, 5-9 test."""
     from sklearn.datasets import load_digits as sklearn_digits
 
@@ -206,6 +206,6 @@ def load_digits() -> RetrievalDataset:
     images = np.clip(bunch.images * (255.0 / 16.0) + 0.5, 0, 255).astype(np.uint8)
     labels = bunch.target.astype(np.int64)
     ones = np.ones(len(labels), dtype=bool)
-    return RetrievalDataset(name="digits", images=images, labels=labels,
+    return RetrievalTable(name="digits", images=images, labels=labels,
                             splits=np.where(labels <= 4, "train", "test").astype(object), is_query=ones,
                             is_gallery=ones, class_names={i: str(i) for i in range(10)})

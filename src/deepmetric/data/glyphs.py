@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io import temporary_folder
-from .table import RetrievalDataset
+from .table import RetrievalTable
 
 LATIN = [chr(c) for c in range(0x41, 0x5B)] + [chr(c) for c in range(0x61, 0x7B)]
 DIGITS = [chr(c) for c in range(0x30, 0x3A)]
@@ -164,7 +164,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     return root
 
 
-def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = True) -> RetrievalDataset:
+def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = True) -> RetrievalTable:
     """Load (building first if needed) the glyphs table from folder ``path`` (default: the data home's
     ``glyphs``); a seeded random half of the characters trains."""
     root = Path(path) if path is not None else data_home() / "glyphs"
@@ -188,7 +188,7 @@ def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = Tru
     train_chars = np.random.default_rng(seed).permutation(n_chars)[: (n_chars + 1) // 2]
     splits = np.where(np.isin(labels, train_chars), "train", "test").astype(object)
     ones = np.ones(len(labels), dtype=bool)
-    return RetrievalDataset(
+    return RetrievalTable(
         name="glyphs", images=images, labels=labels, splits=splits, is_query=ones, is_gallery=ones,
         recall_at=(1, 2, 4, 8, 16, 32),
         class_names={i: f"{ch} (U+{ord(ch):04X})" for i, ch in enumerate(GLYPH_CHARS)},

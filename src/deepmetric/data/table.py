@@ -1,4 +1,4 @@
-"""``RetrievalDataset``: one table of images with label, split and query/gallery flags.
+"""``RetrievalTable``: one table of images with label, split and query/gallery flags.
 
 Every loader returns one of these. Images are either file paths (decoded on access) or rows of an
 in-memory ``uint8`` array of shape (N, H, W) or (N, H, W, 3). Splits are ``train``, ``val`` and
@@ -22,7 +22,7 @@ from .images import crop_to_box, read_image
 SPLITS = ("train", "val", "test")
 
 
-def check_protocol(table: RetrievalDataset) -> None:
+def check_protocol(table: RetrievalTable) -> None:
     """The zero-shot protocol's promises, checked when a data set is loaded (before any training): a test split
     with queries and a gallery, and test (and validation) classes that no training row has. A test class that
     was trained on would be reported as "unseen" with an inflated Recall@K."""
@@ -45,7 +45,7 @@ def check_protocol(table: RetrievalDataset) -> None:
 
 
 @dataclass
-class RetrievalDataset:
+class RetrievalTable:
     """A table of N images: ``images`` (paths or array), ``labels``, ``splits``, ``is_query``, ``is_gallery``."""
 
     name: str
@@ -110,18 +110,18 @@ class RetrievalDataset:
         """A human name for row ``index`` (its path, or its position in memory)."""
         return str(self.images[index]) if not self.in_memory else f"{self.name}[{index}]"
 
-    def subset(self, rows: np.ndarray) -> RetrievalDataset:
+    def subset(self, rows: np.ndarray) -> RetrievalTable:
         """A new table holding only ``rows`` (indices or a boolean mask), in that order."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
         images = self.images[rows] if self.in_memory else [self.images[i] for i in rows]
-        return RetrievalDataset(
+        return RetrievalTable(
             name=self.name, images=images, labels=self.labels[rows], splits=self.splits[rows],
             is_query=self.is_query[rows], is_gallery=self.is_gallery[rows], recall_at=self.recall_at,
             class_names=self.class_names, meta=dict(self.meta),
             boxes=None if self.boxes is None else self.boxes[rows],
         )
 
-    def split(self, name: str) -> RetrievalDataset:
+    def split(self, name: str) -> RetrievalTable:
         if name not in SPLITS:
             raise DataError(f"unknown split '{name}'; expected one of {list(SPLITS)}")
         return self.subset(self.splits == name)
@@ -142,6 +142,11 @@ class RetrievalDataset:
         return f"{self.name}: " + ", ".join(parts)
 
 
+RetrievalDataset = RetrievalTable
+"""The old name of ``RetrievalTable`` (it is a table, not a torch ``Dataset``: ``data.torch_dataset.ImageDataset``
+is); kept for one release."""
+
+
 def check_paths_exist(name: str, paths: list[str], root: Path | str) -> None:
     """Fail with the missing files named (up to ten) when any listed image is absent."""
     missing = [p for p in paths if not Path(p).is_file()]
@@ -154,7 +159,7 @@ def check_paths_exist(name: str, paths: list[str], root: Path | str) -> None:
 TEST_COUNTS = ("test", "query", "gallery")  # the published sizes the evaluation protocol depends on
 
 
-def count_mismatches(table: RetrievalDataset, expected: dict[str, int]) -> dict[str, tuple[int, int]]:
+def count_mismatches(table: RetrievalTable, expected: dict[str, int]) -> dict[str, tuple[int, int]]:
     """``{split: (published, found)}`` for every size of ``expected`` that ``table`` does not have."""
     found = {
         "train": table.count("train") + table.count("val"),
@@ -165,7 +170,7 @@ def count_mismatches(table: RetrievalDataset, expected: dict[str, int]) -> dict[
     return {k: (v, found[k]) for k, v in expected.items() if found[k] != v}
 
 
-def _test_mismatches(table: RetrievalDataset) -> dict[str, tuple[int, int]] | None:
+def _test_mismatches(table: RetrievalTable) -> dict[str, tuple[int, int]] | None:
     """``count_mismatches`` of the test-side published sizes (None for data sets without published sizes)."""
     expected = table.meta.get("published_counts")
     if not expected:
@@ -173,13 +178,13 @@ def _test_mismatches(table: RetrievalDataset) -> dict[str, tuple[int, int]] | No
     return count_mismatches(table, {k: v for k, v in expected.items() if k in TEST_COUNTS})
 
 
-def test_sizes_match(table: RetrievalDataset) -> bool | None:
+def test_sizes_match(table: RetrievalTable) -> bool | None:
     """Whether the test split has its published sizes (None for data sets without published sizes)."""
     wrong = _test_mismatches(table)
     return None if wrong is None else not wrong
 
 
-def recheck_test_counts(table: RetrievalDataset, enabled: bool) -> None:
+def recheck_test_counts(table: RetrievalTable, enabled: bool) -> None:
     """After rows were left out (``data.skip_bad_images``): the test split's published sizes again, so that an
     evaluation on fewer test images than the protocol's stops (``enabled=False``: goes on; the test record
     says so). Training images left out do not change the protocol's test and are not checked."""
@@ -187,7 +192,7 @@ def recheck_test_counts(table: RetrievalDataset, enabled: bool) -> None:
         _refuse(f"{table.name} once its bad images were left out (data.skip_bad_images)", _test_mismatches(table) or {})
 
 
-def check_counts(name: str, table: RetrievalDataset, expected: dict[str, int], enabled: bool) -> None:
+def check_counts(name: str, table: RetrievalTable, expected: dict[str, int], enabled: bool) -> None:
     """Compare split sizes with the published ones; ``enabled=False`` records the mismatch instead."""
     wrong = count_mismatches(table, expected)
     table.meta["published_counts"] = expected

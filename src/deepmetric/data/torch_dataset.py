@@ -1,4 +1,4 @@
-"""The bridge from a ``RetrievalDataset`` to torch's ``DataLoader``."""
+"""The bridge from a ``RetrievalTable`` to torch's ``DataLoader``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .sampler import PKSampler
-from .table import RetrievalDataset
+from .table import RetrievalTable
 
 
 class ImageDataset(Dataset):
     """Items are ``(image tensor, label, row)``; an item key is a row or a ``(row, seed)`` pair."""
 
-    def __init__(self, table: RetrievalDataset, transform: Callable[[np.ndarray, int], torch.Tensor],
+    def __init__(self, table: RetrievalTable, transform: Callable[[np.ndarray, int], torch.Tensor],
                  labels: np.ndarray | None = None):
         self.table = table
         self.transform = transform

@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalTable
 from ..errors import DeepMetricError
 from ..models.modes import eval_mode
 from .evaluator import EmbedSettings, embed_outputs
 
 
-def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, table: RetrievalDataset,
+def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, table: RetrievalTable,
                          settings: EmbedSettings, desc: str = "embedding") -> dict[str, np.ndarray]:
     """``{"embedding": model's, "<head>.<name>": ..., "<regulariser>.<name>": ...}`` for every row of ``table``."""
     def select(output):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..distributed import DistContext, gather_rows, shard_rows
@@ -48,7 +48,7 @@ class EmbedSettings:
 
 
 @torch.no_grad()
-def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, settings: EmbedSettings,
+def embed_outputs(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSettings,
                   select: Callable[[HeadOutput], dict[str, torch.Tensor]], desc: str = "embedding",
                   context: DistContext | None = None) -> dict[str, np.ndarray]:
     """``{name: (N, D) float32}`` for every row of ``table``, in row order: ``select`` picks the named
@@ -70,14 +70,14 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalDataset, settings: Emb
             for name, values in chunks.items()}
 
 
-def embed_table(model: torch.nn.Module, table: RetrievalDataset, settings: EmbedSettings, desc: str = "embedding",
+def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSettings, desc: str = "embedding",
                 context: DistContext | None = None) -> np.ndarray:
     """(N, D) float32 l2-normalised embeddings of every row of ``table``, in row order (all N on every rank)."""
     embeddings = embed_outputs(model, table, settings, lambda output: {"embedding": output.embedding}, desc, context)
     return embeddings.get("embedding", np.zeros((0, getattr(model, "embedding_dim", 0)), dtype=np.float32))
 
 
-def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Sequence[int],
+def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
                   nmi: bool = True, engine: str = "auto") -> dict[str, float]:
     """Metrics of one split's embeddings under its query/gallery flags.
 
@@ -95,7 +95,7 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalDataset, recall_at: Se
                            self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine)
 
 
-def evaluate(model: torch.nn.Module, table: RetrievalDataset, split: str, settings: EmbedSettings,
+def evaluate(model: torch.nn.Module, table: RetrievalTable, split: str, settings: EmbedSettings,
              recall_at: Sequence[int] | None = None, nmi: bool = True, engine: str = "auto",
              context: DistContext | None = None) -> dict[str, float | None]:
     """Embed ``split`` of ``table`` and return its retrieval metrics.

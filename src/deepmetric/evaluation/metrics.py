@@ -152,11 +152,22 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
                       gallery_labels: np.ndarray | torch.Tensor | None = None,
                       recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True,
                       engine: str = "auto") -> dict[str, float]:
-    """Recall@K, MAP@R, R-precision and NMI (keys ``recall@K``, ``map@r``, ``r_precision``, ``nmi``).
+    """Recall@K, MAP@R, R-precision and NMI (the module docstring defines them; thesis §2.6.2).
 
-    Without a gallery every query is ranked against all the others (its own row removed by index);
-    with one, queries are ranked against the gallery only (the In-Shop protocol). ``engine`` (auto, torch,
-    numpy or faiss) changes the speed; all are exact (see ``knn.py`` on the engines and float rounding).
+    Args:
+        query: (N, D) query embeddings (l2-normalised here).
+        query_labels: (N,) integer class labels.
+        gallery: (M, D) gallery embeddings, or None: every query is ranked against all the others, its own row
+            removed by index; with a gallery, queries are ranked against it only (the In-Shop protocol).
+        gallery_labels: (M,) labels of the gallery.
+        recall_at: the ranks K of Recall@K.
+        nmi: also compute NMI (a k-means of the queries).
+        engine: auto, torch, numpy, faiss or cuda: the speed changes, never the result (all exact; ``knn.py``
+            on float rounding).
+
+    Returns:
+        ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` as fractions, the keys of
+        ``deepmetric metrics --json``; ``nmi`` is None where it is undefined.
     """
     q = _as_tensor(query, "query embeddings")
     ql = _as_labels(query_labels, q.shape[0], "query labels")

@@ -51,7 +51,16 @@ check_loss_options = LOSSES.check
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None) -> nn.Module:
-    """Build metric loss ``name``; ``num_classes`` reaches the losses that keep per-class parameters."""
+    """Build metric loss ``name`` (the table in the module docstring, with its equation).
+
+    Args:
+        name: a name of ``LOSSES``.
+        options: the loss's keyword options (``LOSSES.options(name)``); unknown ones are refused by name.
+        num_classes: the training classes, for losses with per-class parameters (margin's per-class beta).
+
+    Returns:
+        The loss module: ``loss(embeddings (B, D) l2-normalised, labels (B,)) -> scalar``.
+    """
     return LOSSES.build(name, options, num_classes=num_classes)
 
 

@@ -75,11 +75,22 @@ def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int 
                  trust_pickle: bool = False, **head_options: Any) -> Embedder:
     """Build an ``Embedder``: ``create_model(backbone="lite0", head="gap", embedding_dim=512)``.
 
-    ``split`` cuts the backbone into trunk and tail (None lets the head choose); ``freeze_bn`` turns
-    BatchNorm into fixed affine layers (the usual choice with small P x K batches; ``"stats"`` fixes only its
-    statistics, its weight and bias train); ``weights`` loads a
-    safetensors file of backbone weights (a pickled torch file only with ``trust_pickle``); other keywords
-    are the head's options.
+    Args:
+        backbone: a name of ``BACKBONES`` (``lite0``, ``googlenet``, ``inception-v1``, ``bn-inception``,
+            ``resnet50``, ``tiny``) or ``timm:<model>``.
+        head: a name of ``HEADS`` (``gap``, ``diablo``, ``abe``, ``dgml``, ``deml``, ``bilinear``, ``jcf``, ...).
+        embedding_dim: D of the embedding (heads with M equal learners use M floor(D / M), DeML §3.1).
+        pretrained: load the backbone's ImageNet weights (offline for ``lite0`` only).
+        split: where the backbone is cut into trunk (local features F) and tail; None lets the head choose.
+        freeze_bn: True turns BatchNorm into fixed affine layers (the usual choice with small P x K batches),
+            ``"stats"`` fixes only its statistics (its weight and bias train), False neither.
+        weights: a safetensors file of backbone weights (a pickled torch file only with ``trust_pickle``).
+        trust_pickle: allow ``weights`` to be a legacy torch file (read with the restricted unpickler).
+        **head_options: the head's options (``HEADS.options(head)`` lists them).
+
+    Returns:
+        The ``Embedder``: RGB images in [0, 1] (B, 3, H, W) -> ``HeadOutput``; ``embed`` gives (B, D) l2-normalised
+        embeddings in eval mode.
     """
     cls = head_class(head)
     split = split if split is not None else cls.default_split(backbone, **head_options)

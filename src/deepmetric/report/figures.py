@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalTable
 from ..evaluation.knn import knn
 from ..render import figure_png, project_2d, projection_method
 
@@ -70,7 +70,7 @@ def _thumbnail(image: np.ndarray, size: int, frame: tuple[int, int, int] | None)
     return canvas
 
 
-def retrieval_grid(table: RetrievalDataset, embeddings: np.ndarray, queries: int = 8, top: int = 8,
+def retrieval_grid(table: RetrievalTable, embeddings: np.ndarray, queries: int = 8, top: int = 8,
                    seed: int = 0, size: int = 72) -> bytes:
     """Random test queries (left, black frame) with their top results: green when of the query's class, red
     otherwise. The query's own row is excluded."""

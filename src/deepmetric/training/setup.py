@@ -11,7 +11,7 @@ import torch
 from ..config import RunConfig
 from ..data import load_dataset
 from ..data.audit import BadItem, check_table
-from ..data.table import RetrievalDataset, recheck_test_counts
+from ..data.table import RetrievalTable, recheck_test_counts
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, evaluate
 from ..models import Embedder, create_model
@@ -38,7 +38,7 @@ def seed_everything(seed: int) -> None:
 
 
 def load_table(config: RunConfig, progress: bool = False,
-               only_split: str | None = None) -> tuple[RetrievalDataset, list[BadItem]]:
+               only_split: str | None = None) -> tuple[RetrievalTable, list[BadItem]]:
     """The run's data set with its validation split (or only ``only_split`` of it), audited
     (``data.check_images``): bad items stop the run with their list, or are left out
     (``data.skip_bad_images``) and returned."""
@@ -63,7 +63,7 @@ def build_model(config: RunConfig) -> Embedder:
     return model.set_channels_last(config.train.channels_last)
 
 
-def untrained_baseline(config: RunConfig, table: RetrievalDataset, device: torch.device,
+def untrained_baseline(config: RunConfig, table: RetrievalTable, device: torch.device,
                        progress: bool) -> dict[str, Any]:
     """Test metrics of the backbone's l2-normalised pooled features, before any training."""
     m = config.model

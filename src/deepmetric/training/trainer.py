@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..config import RunConfig, save_config
 from ..data import PKSampler, TestTransform, TrainTransform
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
@@ -67,8 +67,8 @@ def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int,
     raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
 
 
-def _training_sample(config: RunConfig, train_part: RetrievalDataset,
-                     count: int) -> tuple[RetrievalDataset, torch.utils.data.DataLoader]:
+def _training_sample(config: RunConfig, train_part: RetrievalTable,
+                     count: int) -> tuple[RetrievalTable, torch.utils.data.DataLoader]:
     """A seeded sample of ``count`` training rows (in row order) and a loader of them with the test transform."""
     rows = np.sort(np.random.default_rng(config.train.seed).permutation(len(train_part))[:count])
     part = train_part.subset(rows)
@@ -76,7 +76,7 @@ def _training_sample(config: RunConfig, train_part: RetrievalDataset,
     return part, inference_loader(dataset, config.eval.batch_size, config.data.num_workers)
 
 
-def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalDataset, device: torch.device) -> None:
+def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalTable, device: torch.device) -> None:
     """Give the head the training images it asks for (``Head.init_images``): a seeded sample, test transform."""
     count = min(int(getattr(model.head, "init_images", 0)), len(train_part))
     if count <= 0:
@@ -96,8 +96,8 @@ class Session:
     device: torch.device
     progress: bool
     model: Embedder
-    table: RetrievalDataset
-    train_part: RetrievalDataset
+    table: RetrievalTable
+    train_part: RetrievalTable
     classes: np.ndarray
     """The training classes, sorted; batches carry their indices (per-class loss parameters index by these)."""
     objective: Objective
@@ -200,7 +200,7 @@ def _build_generator(config: RunConfig, model: Embedder, num_classes: int,
 
 
 def _generator_diagnostics(run: RunDir, config: RunConfig, model: Embedder, generator: Generator,
-                           train_part: RetrievalDataset, classes: np.ndarray, device: torch.device) -> None:
+                           train_part: RetrievalTable, classes: np.ndarray, device: torch.device) -> None:
     """Embed a seeded sample of training images (test transform) and let the generator draw its diagnostics;
     the summary goes to ``RUN/generator.json``."""
     count = min(generator.diagnostic_images, len(train_part))

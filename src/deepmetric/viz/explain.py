@@ -21,7 +21,7 @@ import torch
 
 from ..config import RunConfig
 from ..data import load_dataset
-from ..data.table import RetrievalDataset
+from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..errors import DataError, DeepMetricError
@@ -46,7 +46,7 @@ def _load(run_dir: str | Path, which: str) -> tuple[Embedder, RunConfig, torch.d
     return model, config, device
 
 
-def _attention_batches(model: Embedder, table: RetrievalDataset, config: RunConfig, device: torch.device,
+def _attention_batches(model: Embedder, table: RetrievalTable, config: RunConfig, device: torch.device,
                        batch_size: int | None, progress: bool) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield (input images (B, 3, H, W), attention (B, P, h, w) on CPU, table rows)."""
     dataset = ImageDataset(table, TestTransform(config.data.image_size, config.data.test_resize))
