@@ -197,3 +197,17 @@ def test_machine_readable_output_is_strict_json_with_null_for_an_undefined_metri
     from deepmetric.io import to_json
 
     assert strict_json(to_json({"a": float("nan"), "b": [float("inf"), 1.5]})) == {"a": None, "b": [None, 1.5]}
+
+
+def test_evaluating_last_keeps_the_chosen_checkpoints_metrics(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "data.val_fraction=0.4", "train.eval_every=2",
+               "eval.report=false")[0] == 0
+    chosen = json.loads((out_dir / "metrics.json").read_text())
+    assert chosen["checkpoint"] == "best"
+    assert run(capsys, "evaluate", str(out_dir), "--checkpoint", "last", "--quiet")[0] == 0
+    assert json.loads((out_dir / "metrics.json").read_text()) == chosen  # not overwritten
+    assert json.loads((out_dir / "metrics-last.json").read_text())["checkpoint"] == "last"
+    assert run(capsys, "report", str(out_dir), "--quiet")[0] == 0
+    page = (out_dir / "report.html").read_text()
+    assert "trained (best, step" in page and "trained (last, step 4)" in page

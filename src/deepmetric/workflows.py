@@ -26,7 +26,8 @@ from .training.setup import load_table, resolve_device
 
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
                  progress: bool = True) -> dict[str, Any]:
-    """Evaluate a run's checkpoint on the test split; writes and returns ``RUN/metrics.json``'s record."""
+    """Evaluate a run's checkpoint on the test split; writes and returns the record of ``RUN/metrics.json`` (the
+    run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``."""
     return evaluate_run_embeddings(run_dir, data_spec, which, progress)[0]
 
 
@@ -47,7 +48,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                             config.eval.engine)
     record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
-    atomic_write_text(run.test_metrics, to_json(record, indent=2))
+    atomic_write_text(run.test_metrics_of(checkpoint), to_json(record, indent=2))
     return record, embeddings
 
 

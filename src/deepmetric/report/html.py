@@ -136,10 +136,11 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
         baseline = json.loads(run.baseline.read_text())
         results["untrained backbone"] = baseline["metrics"]
         provenance["untrained backbone's test"] = baseline.get("environment", {})
-    if run.test_metrics.is_file():
-        record = json.loads(run.test_metrics.read_text())
-        results[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
-        provenance["test evaluation"] = record.get("environment", {})
+    for file, label in ((run.test_metrics, "test evaluation"), (run.last_test_metrics, "test evaluation (last)")):
+        if file.is_file():  # the chosen checkpoint's, then last's when evaluated
+            record = json.loads(file.read_text())
+            results[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
+            provenance[label] = record.get("environment", {})
     m = config.model
     sections = [
         f"<h1>deepmetric run {html.escape(run.path.name)}</h1>",

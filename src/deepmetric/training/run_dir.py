@@ -113,7 +113,18 @@ class RunDir:
 
     @property
     def test_metrics(self) -> Path:
+        """The test metrics of the run's chosen checkpoint (``best``, or ``last`` without validation)."""
         return self.path / "metrics.json"
+
+    @property
+    def last_test_metrics(self) -> Path:
+        """The test metrics of ``last`` when the run also has a ``best`` (``evaluate --checkpoint last``)."""
+        return self.path / "metrics-last.json"
+
+    def test_metrics_of(self, checkpoint: Path) -> Path:
+        """Where the test metrics of ``checkpoint`` go: ``metrics.json`` for the chosen one, ``metrics-last.json``
+        for ``last`` beside a ``best`` (it overwrote the chosen checkpoint's file)."""
+        return self.last_test_metrics if checkpoint == self.last and self.best.is_file() else self.test_metrics
 
     @property
     def all_embeddings_metrics(self) -> Path:
