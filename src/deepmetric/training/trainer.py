@@ -377,7 +377,7 @@ def _loop(session: Session) -> TrainResult:
                 rate = window_images / max(time.perf_counter() - window_start, 1e-9)
                 run.append_log({"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
                                 "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
-                bar.set_postfix(loss=f"{smoothed:.4f}", img_s=f"{rate:.0f}")
+                bar.set_postfix(loss=f"{smoothed:.4f}", img_s=f"{rate:.0f}", refresh=False)
                 window_start, window_images = time.perf_counter(), 0
             bar.update(1)
             if has_val and (done % t.eval_every == 0 or done == t.steps):
