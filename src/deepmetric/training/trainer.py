@@ -78,7 +78,7 @@ def _training_sample(config: RunConfig, train_part: RetrievalTable,
 
 def initialize_head(model: Embedder, config: RunConfig, train_part: RetrievalTable, device: torch.device) -> None:
     """Give the head the training images it asks for (``Head.init_images``): a seeded sample, test transform."""
-    count = min(int(getattr(model.head, "init_images", 0)), len(train_part))
+    count = min(model.head.init_images, len(train_part))
     if count <= 0:
         return
     _, loader = _training_sample(config, train_part, count)
