@@ -4,7 +4,8 @@
 
 | spec | what |
 |---|---|
-| ``glyphs[:PATH]`` | the offline demo set (built on first use) |
+| ``glyphs[:PATH]`` | the offline toy set (built on first use) |
+| ``emoji[:PATH]`` ``emoji-skin[:PATH]`` | five vendors' drawings of 1,633 emoji (npm packages, fetched on first use) |
 | ``fashion-mnist[:PATH]`` | Fashion-MNIST, classes 0-4 train / 5-9 test |
 | ``digits`` | scikit-learn's 8x8 digits, 0-4 train / 5-9 test |
 | ``folder:PATH`` | one sub-folder per class; sorted names, first half train |
@@ -25,6 +26,7 @@ import numpy as np
 from ..errors import DataError
 from ..registry import Registry
 from .benchmarks import load_cars, load_cub, load_inshop, load_sop
+from .emoji import load_emoji
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
 from .sampler import PKSampler
@@ -36,7 +38,9 @@ DATASETS: Registry[Callable[..., RetrievalTable]] = Registry(
 whose ``path`` has no default needs ``NAME:PATH``."""
 for _name, _loader in {"glyphs": load_glyphs, "fashion-mnist": load_fashion_mnist, "digits": load_digits,
                        "folder": load_folder, "csv": load_csv, "cub": load_cub, "cars": load_cars, "sop": load_sop,
-                       "inshop": load_inshop, "cub-cropped": functools.partial(load_cub, crop=True),
+                       "inshop": load_inshop, "emoji": load_emoji,
+                       "emoji-skin": functools.partial(load_emoji, skin=True),
+                       "cub-cropped": functools.partial(load_cub, crop=True),
                        "cars-cropped": functools.partial(load_cars, crop=True)}.items():
     DATASETS.register(_name, _loader)
 

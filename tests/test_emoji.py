@@ -1,0 +1,269 @@
+"""The ``emoji`` loader on a small replica of the five npm packages' real layout (tarballs and unpacked folders with
+``package/package.json``, ``package/emoji.json`` with the real fields, 64-px PNG folders), with no network: npm is
+either absent or a stand-in script."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import stat
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from deepmetric.data import emoji as emoji_module
+from deepmetric.data import load_dataset
+from deepmetric.data.emoji import PACKAGES, VENDORS, load_emoji
+from deepmetric.errors import DataError
+
+DATASOURCE = ("apple", "google", "twitter", "facebook")
+
+
+def entry(unified, short_name, category, *, non_qualified=None, missing=(), skin=None, order=0):
+    """An emoji.json record with the real package's fields."""
+    record = {"name": short_name.upper(), "unified": unified, "non_qualified": non_qualified,
+              "image": f"{unified.lower()}.png", "sheet_x": 0, "sheet_y": 0, "short_name": short_name,
+              "short_names": [short_name], "text": None, "texts": None, "category": category,
+              "subcategory": "test", "sort_order": order, "added_in": "1.0"}
+    record.update({f"has_img_{v}": v not in missing for v in DATASOURCE})
+    if skin:
+        record["skin_variations"] = skin
+    return record
+
+
+def variant(unified, missing=()):
+    record = {"unified": unified, "non_qualified": None, "image": f"{unified.lower()}.png", "sheet_x": 0,
+              "sheet_y": 0, "added_in": "8.0"}
+    record.update({f"has_img_{v}": v not in missing for v in DATASOURCE})
+    return record
+
+
+FLAGS = [entry(f"1F1E6-1F1{0xE6 + i:02X}", f"flag-a{i}", "Flags", order=i) for i in range(12)]
+FACES = [entry(f"1F6{i:02X}", f"face-{i}", "Smileys & Emotion", order=20 + i) for i in range(12)]
+WAVE = entry("1F44B", "wave", "People & Body", order=40,
+             skin={"1F3FB": variant("1F44B-1F3FB"), "1F3FC": variant("1F44B-1F3FC", missing=("google",))})
+HANDSHAKE = entry("1F91D", "handshake", "People & Body", order=41,
+                  skin={"1F3FB-1F3FF": variant("1F91D-1F3FB-200D-1FAF2-1F3FF")})
+SMILE_NQ = entry("263A-FE0F", "relaxed", "Smileys & Emotion", non_qualified="263A", order=42)
+NO_FACEBOOK = entry("1F9CC", "troll", "Smileys & Emotion", missing=("facebook",), order=43)
+NO_JOYPIXELS = entry("1FAE8", "shaking_face", "Smileys & Emotion", order=44)
+SWATCH = entry("1F3FB", "skin-tone-2", "Component", order=45)
+CATALOGUE = FLAGS + FACES + [WAVE, HANDSHAKE, SMILE_NQ, NO_FACEBOOK, NO_JOYPIXELS, SWATCH]
+EXPECTED_BASES = [e["unified"] for e in FLAGS + FACES + [WAVE, HANDSHAKE, SMILE_NQ]]
+
+
+def png(seed: int) -> bytes:
+    """A distinct small RGBA drawing."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(8, 8, 4), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGBA").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def package_files(vendor: str) -> dict[str, bytes]:
+    """The files of ``vendor``'s package as paths inside the tarball (``package/...``)."""
+    package = PACKAGES[vendor]
+    files = {"package/package.json": json.dumps({"name": package.name, "version": package.version}).encode()}
+    names = []
+    for record in CATALOGUE:
+        if vendor == "joypixels":
+            if record is NO_JOYPIXELS:
+                continue
+            key = record["non_qualified"] if record is SMILE_NQ else record["unified"]
+            names.append(f"{key.lower()}.png")
+        elif record[f"has_img_{vendor}"]:
+            names.append(record["image"])
+        for skin in (record.get("skin_variations") or {}).values():
+            if vendor == "joypixels" or skin[f"has_img_{vendor}"]:
+                names.append(f"{skin['unified'].lower()}.png")
+    for i, name in enumerate(names):
+        files[package.images + name] = png(hash((vendor, name)) % 2**32 + i)
+    if vendor != "joypixels":
+        files["package/emoji.json"] = json.dumps(CATALOGUE).encode()
+        files[f"package/img/{vendor}/32/{names[0]}"] = png(1)  # another size: not unpacked
+    else:
+        files["package/LICENSE.md"] = b"JoyPixels Free License"
+    return files
+
+
+def write_tarball(path, files: dict[str, bytes], extra: list[tarfile.TarInfo] = ()) -> None:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        for info in extra:
+            archive.addfile(info, io.BytesIO(b"x" * info.size) if info.isfile() else None)
+
+
+def integrity(path) -> str:
+    import base64
+
+    return "sha512-" + base64.b64encode(hashlib.sha512(path.read_bytes()).digest()).decode()
+
+
+@pytest.fixture
+def replica(tmp_path):
+    """A folder of the five tarballs, and the package table whose integrity hashes are theirs."""
+    source = tmp_path / "packages"
+    source.mkdir()
+    packages = {}
+    for vendor in VENDORS:
+        path = source / PACKAGES[vendor].tarball
+        write_tarball(path, package_files(vendor))
+        packages[vendor] = dataclasses.replace(PACKAGES[vendor], integrity=integrity(path))
+    return source, packages
+
+
+def load(source, packages, root, **options):
+    return load_emoji(source, check=False, root=root, packages=packages, progress=False, **options)
+
+
+def test_the_protocol_on_the_replica(replica, tmp_path):
+    source, packages = replica
+    table = load(source, packages, tmp_path / "home" / "emoji")
+    names = [table.class_names[i] for i in range(len(table.class_names))]
+    # base emoji drawn by all five; the Component swatch, a missing Facebook and a missing JoyPixels drawing are out
+    assert [n.split(" ")[0] for n in names] == EXPECTED_BASES
+    assert names[0] == "1F1E6-1F1E6 flag-a0" and "263A-FE0F relaxed" in names  # JoyPixels filed it as 263a.png
+    assert len(table.labels) == 5 * len(names) and np.bincount(table.labels).tolist() == [5] * len(names)
+    for label in range(len(names)):  # one drawing of each vendor, from its own folder
+        paths = [p for p, y in zip(table.images, table.labels, strict=True) if y == label]
+        assert [p.split(os.sep)[-3] for p in paths] == list(VENDORS)
+    # the split: classes ordered by SHA-256 of their code points, the first ceil(n/2) train (an independent oracle)
+    ordered = sorted(EXPECTED_BASES, key=lambda u: hashlib.sha256(u.encode()).hexdigest())
+    first_half = ordered[:math.ceil(len(ordered) / 2)]
+    train = {names.index(next(n for n in names if n.startswith(u + " "))) for u in first_half}
+    assert set(table.classes("train")) == train and len(table.classes("test")) == len(names) - len(train)
+    for group in (FLAGS, FACES):  # every category lands on both sides
+        sides = {table.splits[table.labels == names.index(f"{e['unified']} {e['short_name']}")][0] for e in group}
+        assert sides == {"train", "test"}
+    assert table.recall_at == (1, 2, 4, 8) and table.is_query.all() and table.is_gallery.all()
+    first = table.images[0]
+    assert Image.open(first).size == (8, 8)  # the drawings are the packages' own files
+
+
+def test_skin_variants_are_classes_on_their_base_emojis_side(replica, tmp_path):
+    source, packages = replica
+    root = tmp_path / "emoji"
+    plain = load(source, packages, root)
+    built = (root / "meta.json").stat().st_mtime_ns
+    table = load(source, packages, root, skin=True)
+    assert (root / "meta.json").stat().st_mtime_ns == built  # one build serves both
+    names = {table.class_names[i]: i for i in range(len(table.class_names))}
+    assert "1F44B-1F3FB wave (light skin tone)" in names
+    assert "1F91D-1F3FB-200D-1FAF2-1F3FF handshake (light, dark skin tone)" in names
+    assert not any(n.startswith("1F44B-1F3FC") for n in names)  # Google lacks that drawing
+    assert len(names) == len(plain.class_names) + 2
+    side = {n: table.splits[table.labels == i][0] for n, i in names.items()}
+    assert side["1F44B-1F3FB wave (light skin tone)"] == side["1F44B wave"]
+    assert side["1F91D-1F3FB-200D-1FAF2-1F3FF handshake (light, dark skin tone)"] == side["1F91D handshake"]
+    # the base emoji keep their sides when the variants are added
+    for i, name in plain.class_names.items():
+        assert plain.splits[plain.labels == i][0] == side[name]
+
+
+def test_unpacked_packages_read_like_tarballs(replica, tmp_path):
+    source, packages = replica
+    unpacked = tmp_path / "unpacked"
+    for vendor in VENDORS:
+        package = PACKAGES[vendor]
+        folder = unpacked / (package.name if vendor != "google" else f"{package.name}-{package.version}")
+        with tarfile.open(source / package.tarball) as archive:
+            archive.extractall(folder, filter="data")
+    from_tar = load(source, packages, tmp_path / "a")
+    from_folders = load(unpacked, packages, tmp_path / "b")
+    assert from_folders.class_names == from_tar.class_names
+    assert (from_folders.splits == from_tar.splits).all()
+    relative = [os.path.relpath(p, tmp_path / "b") for p in from_folders.images]
+    assert relative == [os.path.relpath(p, tmp_path / "a") for p in from_tar.images]
+
+
+def test_a_tarball_that_fails_its_integrity_check_is_refused_and_nothing_is_left(replica, tmp_path):
+    source, packages = replica
+    tarball = source / PACKAGES["joypixels"].tarball
+    tarball.write_bytes(tarball.read_bytes()[:-10] + b"0123456789")
+    root = tmp_path / "home" / "emoji"
+    with pytest.raises(DataError, match=r"emoji-assets-11\.0\.0\.tgz is not emoji-assets@11\.0\.0 as the npm "
+                                        r"registry publishes it"):
+        load(source, packages, root)
+    assert not root.exists() and os.listdir(root.parent) == []  # no half-built set, no temporary folder
+
+
+def test_another_version_and_a_missing_package_are_named(replica, tmp_path):
+    source, packages = replica
+    (source / PACKAGES["google"].tarball).rename(source / "emoji-datasource-google-15.1.2.tgz")
+    with pytest.raises(DataError, match=r"no emoji-datasource-google-16\.0\.0\.tgz.*15\.1\.2\.tgz is another "
+                                        r"version.*npm pack emoji-datasource-google@16\.0\.0"):
+        load(source, packages, tmp_path / "emoji")
+    folder = source / "emoji-datasource-google" / "package"
+    folder.mkdir(parents=True)
+    (folder / "package.json").write_text(json.dumps({"name": "emoji-datasource-google", "version": "15.1.2"}))
+    with pytest.raises(DataError, match=r"holds emoji-datasource-google 15\.1\.2; the emoji protocol is defined "
+                                        r"on 16\.0\.0"):
+        load(source, packages, tmp_path / "emoji")
+
+
+def test_the_published_counts_refuse_a_replica(replica, tmp_path):
+    source, packages = replica
+    with pytest.raises(DataError, match=r"emoji: split sizes differ.*expected 4,085"):
+        load_emoji(source, root=tmp_path / "emoji", packages=packages, progress=False)
+
+
+def test_archive_members_cannot_write_outside_the_data_folder(replica, tmp_path):
+    source, packages = replica
+    vendor = PACKAGES["twitter"]
+    evil = [tarfile.TarInfo(f"{vendor.images}../../../../escaped.png"), tarfile.TarInfo(f"{vendor.images}link.png")]
+    evil[0].size = 5
+    evil[1].type, evil[1].linkname = tarfile.SYMTYPE, "/etc/passwd"
+    path = source / vendor.tarball
+    write_tarball(path, package_files("twitter"), extra=evil)
+    packages["twitter"] = dataclasses.replace(vendor, integrity=integrity(path))
+    root = tmp_path / "home" / "emoji"
+    load(source, packages, root)
+    assert not list(tmp_path.rglob("escaped.png")) and not (root / "twitter" / "64" / "link.png").exists()
+
+
+def fake_npm(folder, source, corrupt=None):
+    """An ``npm`` on PATH that 'fetches' from ``source``: ``npm pack NAME@VERSION --json --pack-destination D``."""
+    script = folder / "npm"
+    script.write_text(f"""#!/bin/sh
+spec="$2"; dest="$5"; name="${{spec%@*}}"; version="${{spec##*@}}"
+file="$name-$version.tgz"
+cp "{source}/$file" "$dest/$file"
+if [ "$name" = "{corrupt}" ]; then printf 'tampered' >> "$dest/$file"; fi
+echo '[{{"filename": "'$file'"}}]'
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def test_npm_fetches_checks_and_a_failed_build_never_counts(replica, tmp_path, monkeypatch):
+    source, packages = replica
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(emoji_module, "PACKAGES", packages)
+    fake_npm(bin_dir, source, corrupt="emoji-assets")
+    with pytest.raises(DataError, match="emoji-assets-11.0.0.tgz is not emoji-assets@11.0.0"):
+        load_dataset("emoji", check_counts=False)
+    assert not (tmp_path / "data" / "emoji").exists()
+    assert os.listdir(tmp_path / "data") == []  # neither a half-built set nor a downloaded tarball is left
+    fake_npm(bin_dir, source)
+    table = load_dataset("emoji-skin", check_counts=False, val_fraction=0.25)
+    assert table.name == "emoji-skin" and set(np.unique(table.splits)) == {"train", "val", "test"}
+    assert sorted(os.listdir(tmp_path / "data" / "emoji")) == sorted([*VENDORS, "meta.json"])
+    assert json.loads((tmp_path / "data" / "emoji" / "meta.json").read_text())["source"] == "npm"
+
+
+def test_without_npm_the_error_says_how_to_install_it_or_where_to_put_the_tarballs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(DataError, match=r"needs npm.*apt-get install npm.*emoji-assets-11\.0\.0\.tgz.*emoji:FOLDER"):
+        load_emoji(root=tmp_path / "emoji", progress=False)
