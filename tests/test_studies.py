@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -53,6 +54,23 @@ def test_two_run_study_aggregates_mean_and_std_and_resumes(tmp_path):
     stamp = (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime
     run_study(spec, progress=False)  # finished runs are skipped
     assert (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime == stamp
+
+
+def test_each_row_carries_the_validation_figures_of_the_evaluated_checkpoint(tmp_path):
+    """A tuning study reads validation columns (the test split chooses nothing): they must be the logged validation
+    metrics at the step whose checkpoint was tested, not another step's."""
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, set={
+        "train.steps": 4, "train.eval_every": 1, "train.checkpoint_every": 1, "data.val_fraction": 0.4}))
+    paths = run_study(spec, progress=False)
+    row = next(csv.DictReader(paths["csv"].open()))
+
+    run = tmp_path / "out/runs/gap/0"
+    step = json.loads((run / "metrics.json").read_text())["step"]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    chosen = next(r for r in logged if r.get("split") == "val" and r["step"] == step)
+    assert float(row["val_recall@1"]) == pytest.approx(chosen["recall@1"])
+    assert float(row["val_map@r"]) == pytest.approx(chosen["map@r"])
+    assert "val R@1" in paths["md"].read_text() and "validation classes' figures" in paths["md"].read_text()
 
 
 def test_all_embeddings_adds_every_embedding_per_variant_without_retraining(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 
 def metric_label(key: str) -> str:
+    if key.startswith("val_"):
+        return "val " + metric_label(key.removeprefix("val_"))
     if key.startswith("recall@"):
         return "R@" + key.split("@", 1)[1]
     return {"map@r": "MAP@R", "r_precision": "RP", "nmi": "NMI"}.get(key, key)

@@ -35,10 +35,31 @@ def _records(spec: StudySpec, file_of: Callable[[RunDir], Path]) -> Iterator[tup
             yield run, json.loads(path.read_text())
 
 
+VALIDATION_METRICS = ("recall@1", "map@r")
+"""The validation figures a study row carries (``val_recall@1``, ``val_map@r``): what chose the checkpoint, and what
+a tuning study reads, since the test split chooses nothing."""
+
+
+def validation_of(folder: RunDir, step: int | None) -> dict[str, float]:
+    """The validation metrics logged at ``step`` (the evaluated checkpoint's), as ``val_<metric>``; none for a run
+    without validation."""
+    for record in folder.read_log():
+        if record.get("split") == "val" and record.get("step") == step:
+            return {f"val_{m}": record[m] for m in VALIDATION_METRICS if m in record}
+    return {}
+
+
 def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
-    """One row per finished run: variant, repeat, data set, then its test metrics."""
-    return [{"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""), **record["metrics"]}
-            for run, record in _records(spec, lambda folder: folder.test_metrics)]
+    """One row per finished run: variant, repeat, data set, its test metrics, then the validation metrics of the
+    evaluated checkpoint."""
+    rows = []
+    for run in spec.runs():
+        folder = RunDir(spec.run_dir(run))
+        if folder.test_metrics.is_file():
+            record = json.loads(folder.test_metrics.read_text())
+            rows.append({"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""),
+                         **record["metrics"], **validation_of(folder, record.get("step"))})
+    return rows
 
 
 def aggregate_all_embeddings(spec: StudySpec) -> list[dict[str, Any]]:
@@ -83,6 +104,8 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold:
                 "classes validate)" if spec.protocol == "splits" else f"seeds {spec.repeats}")
     lines = [f"# Study {spec.name}{title}", "",
              f"Test metrics in %, mean ± std over {protocol}"
+             + ("; val: the validation classes' figures at the evaluated checkpoint"
+                if any(m.startswith("val_") for m in metrics) else "")
              + ("; best mean of each column in bold" if bold else "")
              + (" among the variants on the same data set" if several and bold else "")
              + f". Written {time.strftime('%Y-%m-%d %H:%M')}.", "",
