@@ -1,5 +1,6 @@
 # deepmetric: two commands on a fresh machine.
-#   make demo   set up, build the glyphs data set, train the default model, print Recall@K vs the untrained backbone
+#   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
+#   make demo-glyphs   the same on the offline glyphs toy set
 #   make test   set up with the dev dependencies and run the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -12,11 +13,13 @@ FONT_PACKAGES := fonts-dejavu-core fonts-dejavu-extra fonts-liberation fonts-lib
 	fonts-urw-base35 fonts-noto-core fonts-crosextra-carlito fonts-crosextra-caladea fonts-cantarell \
 	fonts-open-sans fonts-lato
 DATA_PACKAGES := dataset-fashion-mnist
+# the emoji data set's packages are fetched with npm's own client (make demo)
+DEMO_PACKAGES := npm
 # the browser test of the search page (tests/test_serve_browser.py) drives headless Chromium through chromedriver
 BROWSER_PACKAGES := chromium chromium-driver
 DEMO_RUN ?= runs/demo
 
-.PHONY: demo test install install-dev system-packages lint clean
+.PHONY: demo demo-glyphs test install install-dev system-packages demo-packages lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,9 +50,24 @@ system-packages:
 		echo "note: not installing $$missing (needs apt-get as root); glyphs falls back to matplotlib's fonts"; \
 	fi
 
-demo: install system-packages
+# npm for the emoji packages, when it is missing and we may install it (Debian, root)
+demo-packages:
+	@command -v npm >/dev/null && exit 0; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian packages: $(DEMO_PACKAGES)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEMO_PACKAGES) >/dev/null) \
+		|| echo "warning: apt-get failed; the emoji loader will say how to give it the packages without npm"; \
+	else \
+		echo "note: npm is missing (needs apt-get as root to install it); the emoji loader will say what to do"; \
+	fi
+
+demo: install demo-packages
 	rm -rf $(DEMO_RUN)
-	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)
+	$(BIN)/deepmetric train --config configs/demo-emoji.yaml --out $(DEMO_RUN)
+
+demo-glyphs: install system-packages
+	rm -rf $(DEMO_RUN)-glyphs
+	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)-glyphs
 
 test: install-dev system-packages
 	$(BIN)/lint-imports --no-cache
