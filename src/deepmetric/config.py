@@ -100,6 +100,10 @@ class LossConfig:
     """``mean`` or ``sum`` of the per-part losses; None: the head's default."""
     regularizers: dict[str, dict[str, Any]] | None = None
     """``{name: {weight: w, option: value}}``; None: the head's default regularisers, ``{}``: none."""
+    miner: str | None = None
+    """A pair/triplet miner for a pytorch-metric-learning loss, ``pml:<Class>`` (e.g. ``pml:MultiSimilarityMiner``)."""
+    miner_options: dict[str, Any] = field(default_factory=dict)
+    """The miner's keyword options."""
 
 
 @dataclass
@@ -112,7 +116,8 @@ class TrainConfig:
     lr_backbone: float = 1e-5
     """Learning rate of the pretrained layers."""
     lr_loss: float | None = None
-    """Learning rate of parameters that live in the loss (e.g. margin's beta); None means ``lr``."""
+    """Learning rate of parameters that live in the loss (margin's beta, a PML loss's proxies); None means ``lr``, or
+    100 x ``lr_backbone`` for a PML loss (``deepmetric.losses.pml``)."""
     weight_decay: float = 0.0
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per parameter group (``pretrained``, ``new``, ``loss`` or a head's own): ``lr_scale`` and ``weight_decay``."""
@@ -478,7 +483,7 @@ def _check_names(config: RunConfig) -> None:
 
     check_backbone_name(config.model.backbone)
     check_head_options(config.model.head, config.model.head_options)
-    check_loss_options(config.loss.name, config.loss.options)
+    check_loss_options(config.loss.name, config.loss.options, config.loss.miner, config.loss.miner_options)
     for name, options in (config.loss.regularizers or {}).items():
         check_regularizer_options(name, options)
 

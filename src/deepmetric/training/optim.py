@@ -11,7 +11,19 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..errors import ConfigError
+from ..losses import PMLLoss
+from ..losses.pml import PROXY_LR_FACTOR, has_parameters
 from ..models import Embedder
+
+
+def loss_lr(objective: nn.Module, config: TrainConfig) -> float:
+    """The base rate of the ``loss`` group: ``train.lr_loss``; unset, ``train.lr``, or for a pytorch-metric-learning
+    loss with parameters (proxies) ``PROXY_LR_FACTOR`` x ``train.lr_backbone`` (``deepmetric.losses.pml``)."""
+    if config.lr_loss is not None:
+        return config.lr_loss
+    if any(isinstance(m, PMLLoss) and has_parameters(m) for m in objective.modules()):
+        return PROXY_LR_FACTOR * config.lr_backbone
+    return config.lr
 
 
 def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) -> torch.optim.Adam:
@@ -32,7 +44,7 @@ def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) 
     if unknown:
         raise ConfigError(f"train.groups names {sorted(unknown)}, but this model's parameter groups are "
                           f"{sorted(params)}")
-    base = {"pretrained": config.lr_backbone, "loss": config.lr_loss if config.lr_loss is not None else config.lr}
+    base = {"pretrained": config.lr_backbone, "loss": loss_lr(objective, config)}
     groups = []
     for name, group_params in params.items():
         options = {**model.head.default_groups.get(name, {}), **config.groups.get(name, {})}

@@ -1,0 +1,144 @@
+"""pytorch-metric-learning's losses and miners through deepmetric's objective: the same values and gradients as PML's
+own call, one copy per learner, the miner's pairs, the proxies' optimiser group, exact resumption, clear refusals."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning import losses as pml_losses
+from pytorch_metric_learning import miners as pml_miners
+
+from deepmetric.config import LossConfig, TrainConfig, build_config
+from deepmetric.errors import ConfigError
+from deepmetric.io import unprefixed
+from deepmetric.losses import PMLLoss, build_loss, build_objective
+from deepmetric.models import create_model
+from deepmetric.models.heads import HeadOutput
+from deepmetric.training import train
+from deepmetric.training.checkpoint import load_checkpoint
+from deepmetric.training.optim import build_optimizer
+from helpers import tiny_config
+
+NUM_CLASSES, DIM = 6, 16
+# one pair-based, one triplet-based, one proxy-based and one classification-based loss, with non-default options
+CASES = {
+    "ContrastiveLoss": ({"pos_margin": 0.1, "neg_margin": 0.6}, pml_losses.ContrastiveLoss),
+    "TripletMarginLoss": ({"margin": 0.2}, pml_losses.TripletMarginLoss),
+    "ProxyAnchorLoss": ({"margin": 0.1, "alpha": 16}, pml_losses.ProxyAnchorLoss),
+    "ArcFaceLoss": ({"margin": 20.0, "scale": 32}, pml_losses.ArcFaceLoss),
+}
+
+
+def batch(seed=0, n=24):
+    generator = torch.Generator().manual_seed(seed)
+    embeddings = F.normalize(torch.randn(n, DIM, generator=generator), dim=1)
+    labels = torch.arange(NUM_CLASSES).repeat(n // NUM_CLASSES)
+    return embeddings, labels
+
+
+def gap_head():
+    return create_model(backbone="tiny", head="gap", embedding_dim=DIM, pretrained=False).head
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_objective_equals_pmls_own_call_in_value_and_gradients(name):
+    options, cls = CASES[name]
+    torch.manual_seed(0)
+    objective = build_objective(LossConfig(name=f"pml:{name}", options=options, regularizers={}), gap_head(),
+                                num_classes=NUM_CLASSES)
+    ours_module = objective.metric_losses[0]
+    assert isinstance(ours_module, PMLLoss) and isinstance(ours_module.loss, cls)
+    proxy_based = "num_classes" in cls.__init__.__code__.co_varnames
+    kwargs = {"num_classes": NUM_CLASSES, "embedding_size": DIM} if proxy_based else {}
+    reference = cls(**kwargs, **options)
+    reference.load_state_dict(ours_module.loss.state_dict())  # the same proxies / class weights
+    embeddings, labels = batch()
+    ours_in = embeddings.clone().requires_grad_(True)
+    theirs_in = embeddings.clone().requires_grad_(True)
+    ours, _ = objective(HeadOutput(embedding=ours_in, parts=[ours_in]), labels)
+    theirs = reference(theirs_in, labels)
+    assert ours.item() > 0 and torch.allclose(ours, theirs, atol=1e-6)
+    ours.backward()
+    theirs.backward()
+    assert torch.allclose(ours_in.grad, theirs_in.grad, atol=1e-6) and ours_in.grad.abs().sum() > 0
+    for (key, mine), (_, their) in zip(ours_module.loss.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.allclose(mine.grad, their.grad, atol=1e-6), key
+
+
+def test_each_learner_gets_its_own_copy_sized_to_its_part():
+    head = create_model(backbone="tiny", head="abe", embedding_dim=DIM, pretrained=False, num_learners=4).head
+    objective = build_objective(LossConfig(name="pml:ProxyAnchorLoss", on="parts", regularizers={}), head,
+                                num_classes=NUM_CLASSES)
+    proxies = [m.loss.proxies for m in objective.metric_losses]
+    assert len(proxies) == 4 and all(p.shape == (NUM_CLASSES, DIM // 4) for p in proxies)
+    assert len({p.data_ptr() for p in proxies}) == 4  # separate parameters, not one shared
+
+
+def test_a_miner_changes_which_pairs_the_loss_sees():
+    embeddings, labels = batch(seed=3)
+    mined = build_loss("pml:MultiSimilarityLoss", {}, miner="pml:MultiSimilarityMiner",
+                       miner_options={"epsilon": 0.05})
+    plain = build_loss("pml:MultiSimilarityLoss", {})
+    miner = pml_miners.MultiSimilarityMiner(epsilon=0.05)
+    indices = miner(embeddings, labels)
+    reference = pml_losses.MultiSimilarityLoss()
+    assert torch.allclose(mined(embeddings, labels), reference(embeddings, labels, indices))
+    assert torch.allclose(plain(embeddings, labels), reference(embeddings, labels))
+    assert len(indices[2]) < (labels[:, None] != labels[None]).sum()  # the miner dropped negative pairs ...
+    assert not torch.allclose(mined(embeddings, labels), plain(embeddings, labels))  # ... and the loss moved
+
+
+def test_proxies_train_in_the_loss_group_at_the_recommended_rate():
+    model = create_model(backbone="tiny", head="gap", embedding_dim=DIM, pretrained=False)
+    objective = build_objective(LossConfig(name="pml:ProxyAnchorLoss", regularizers={}), model.head, NUM_CLASSES)
+    config = TrainConfig(lr=1e-3, lr_backbone=1e-4)
+    groups = {g["name"]: g for g in build_optimizer(model, objective, config).param_groups}
+    assert groups["loss"]["lr"] == pytest.approx(1e-2)  # 100 x the backbone's rate
+    assert groups["loss"]["params"] == [objective.metric_losses[0].loss.proxies]
+    groups = {g["name"]: g for g in build_optimizer(model, objective, TrainConfig(lr_loss=5e-3)).param_groups}
+    assert groups["loss"]["lr"] == 5e-3
+    plain = build_objective(LossConfig(name="pml:ContrastiveLoss", regularizers={}), model.head, NUM_CLASSES)
+    assert "loss" not in {g["name"] for g in build_optimizer(model, plain, TrainConfig()).param_groups}
+
+
+def test_a_proxy_loss_resumes_to_the_same_weights(tmp_path):
+    loss = {"name": "pml:ProxyAnchorLoss", "options": {"alpha": 16}}
+    train(tiny_config(loss=loss, train={"steps": 6}), tmp_path / "straight", progress=False)
+    train(tiny_config(loss=loss, train={"steps": 3}), tmp_path / "resumed", progress=False)
+    train(tiny_config(loss=loss, train={"steps": 6}), tmp_path / "resumed", resume=True, progress=False)
+    straight, _ = load_checkpoint(tmp_path / "straight/checkpoints/last.safetensors")
+    resumed, state = load_checkpoint(tmp_path / "resumed/checkpoints/last.safetensors")
+    assert state["step"] == 6 and straight.keys() == resumed.keys()
+    # the global RNG state is not compared: a resumed session draws one more DataLoader seed from it (the batches
+    # and augmentations come from their own seeded streams, so the weights do not depend on it)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight if not k.startswith("rng.")), \
+        "model, proxies and optimiser state"
+    key = "metric_losses.0.loss.proxies"
+    assert key in unprefixed("objective", straight)
+    train(tiny_config(loss=loss, train={"steps": 0}), tmp_path / "untrained", progress=False)
+    untrained, _ = load_checkpoint(tmp_path / "untrained/checkpoints/last.safetensors")
+    assert not torch.equal(unprefixed("objective", untrained)[key], unprefixed("objective", straight)[key])
+
+
+def test_unknown_names_and_options_are_refused_with_the_nearest_before_any_data(tmp_path):
+    with pytest.raises(ConfigError, match=r"no loss 'ProxyAnchor'.*did you mean 'ProxyAnchorLoss'"):
+        build_config({"loss": {"name": "pml:ProxyAnchor"}})
+    with pytest.raises(ConfigError, match=r"has no option 'alpah'.*did you mean 'alpha'"):
+        build_config({"loss": {"name": "pml:ProxyAnchorLoss", "options": {"alpah": 16}}})
+    with pytest.raises(ConfigError, match=r"no miner 'MultiSimilarity'.*did you mean 'MultiSimilarityMiner'"):
+        build_config({"loss": {"name": "pml:MultiSimilarityLoss", "miner": "pml:MultiSimilarity"}})
+    with pytest.raises(ConfigError, match=r"miner 'pml:MultiSimilarityMiner' has no option 'epsilom'"):
+        build_config({"loss": {"name": "pml:MultiSimilarityLoss", "miner": "pml:MultiSimilarityMiner",
+                               "miner_options": {"epsilom": 0.1}}})
+    with pytest.raises(ConfigError, match=r"loss.miner=pml:MultiSimilarityMiner needs a pytorch-metric-learning loss"):
+        build_config({"loss": {"name": "binomial", "miner": "pml:MultiSimilarityMiner"}})
+
+
+def test_without_pml_the_name_is_refused_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pytorch_metric_learning", None)
+    monkeypatch.setitem(sys.modules, "pytorch_metric_learning.losses", None)
+    with pytest.raises(ConfigError, match=r"need pytorch-metric-learning.*pip install 'deepmetric\[pml\]'"):
+        build_config({"loss": {"name": "pml:ProxyAnchorLoss"}})
