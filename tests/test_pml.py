@@ -142,3 +142,21 @@ def test_without_pml_the_name_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "pytorch_metric_learning.losses", None)
     with pytest.raises(ConfigError, match=r"need pytorch-metric-learning.*pip install 'deepmetric\[pml\]'"):
         build_config({"loss": {"name": "pml:ProxyAnchorLoss"}})
+
+
+def test_two_processes_train_the_proxies_as_one_process_does(tmp_path):
+    """Under distributed training the PML loss sees the all-gathered batch: 2 ranks x 6 images reach the weights and
+    proxies of 1 process x 12 images (per learner: ABE's 2 learners each have their own proxies)."""
+    from deepmetric.training.launch import launch
+
+    config = tiny_config(train={"steps": 3, "threads": 1}, loss={"name": "pml:ProxyAnchorLoss", "on": "parts"},
+                         model={"head": "abe", "head_options": {"num_learners": 2}})
+    train(config, tmp_path / "one", progress=False)
+    launch(config, tmp_path / "two", nproc=2, progress=False)
+    one, _ = load_checkpoint(tmp_path / "one/checkpoints/last.safetensors")
+    two, state = load_checkpoint(tmp_path / "two/checkpoints/last.safetensors")
+    assert state["step"] == 3
+    compared = [k for k in one if k.startswith(("model.", "objective."))]
+    assert "objective.metric_losses.1.loss.proxies" in compared
+    assert all(torch.allclose(one[k], two[k], atol=1e-6) for k in compared), \
+        [k for k in compared if not torch.allclose(one[k], two[k], atol=1e-6)]

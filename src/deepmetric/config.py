@@ -142,6 +142,9 @@ class TrainConfig:
     faster than float32 on CPU (docs/benchmarks.md), meant for GPUs."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
+    tensorboard: bool = False
+    """Also write the log's scalars (loss terms, learning rates, images/s, validation metrics) as TensorBoard event
+    files to ``RUN/tensorboard/`` (the extra ``deepmetric[tensorboard]``)."""
 
 
 @dataclass
@@ -486,6 +489,17 @@ def _check_names(config: RunConfig) -> None:
     check_loss_options(config.loss.name, config.loss.options, config.loss.miner, config.loss.miner_options)
     for name, options in (config.loss.regularizers or {}).items():
         check_regularizer_options(name, options)
+    if config.train.tensorboard:
+        check_tensorboard()
+
+
+def check_tensorboard() -> None:
+    """Refuse ``train.tensorboard`` without the tensorboard package, naming the install command."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("train.tensorboard=true needs the tensorboard package, which is not installed: "
+                          "pip install 'deepmetric[tensorboard]' (or pip install tensorboard)")
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -40,6 +40,7 @@ from ..provenance import environment
 from .checkpoint import load_checkpoint, save_checkpoint
 from .optim import apply_schedule, build_optimizer
 from .run_dir import RunDir
+from .scalars import TensorBoardScalars
 from .setup import build_model, load_table, resolve_device, seed_everything, untrained_baseline
 from .signals import stop_on_signals
 
@@ -106,6 +107,8 @@ class Session:
     sampler: PKSampler | None = None
     start_step: int = 0
     best: dict[str, Any] = field(default_factory=lambda: {"score": None, "step": None})
+    scalars: TensorBoardScalars | None = None
+    """TensorBoard's view of the log (``train.tensorboard``), on rank 0."""
 
 
 def selection_key(metrics: dict[str, float]) -> list[float]:
@@ -159,6 +162,8 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
         session.best = {"score": metrics["recall@1"], "step": step, "key": key}
     if context.is_main:
         session.run.append_log({"step": step, "split": "val", **metrics})
+        if session.scalars is not None:
+            session.scalars.validation(step, metrics)
         if improved:
             _save_best(session, step, metrics)
     if bar is not None:
@@ -293,6 +298,8 @@ def _first_writes(session: Session, bad_items: list[Any]) -> None:
         save_config(config, run.config_path)
         run.add_session(environment(session.device, start_step=session.start_step, steps=config.train.steps,
                                     processes=context.world_size))
+        if config.train.tensorboard:
+            session.scalars = TensorBoardScalars(run.path / "tensorboard", session.start_step)
         if config.eval.baseline and not run.baseline.is_file():
             log.info("evaluating the untrained backbone on the test split")
             baseline = untrained_baseline(config, session.table, session.device, session.progress)
@@ -323,7 +330,11 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         device = _set_up_process(config.train, context)
         session, bad_items = _build_session(config, run, context, device, resume, progress and context.is_main)
         _first_writes(session, bad_items)
-        return _loop(session)
+        try:
+            return _loop(session)
+        finally:
+            if session.scalars is not None:
+                session.scalars.close()
 
 
 def _loop(session: Session) -> TrainResult:
@@ -375,8 +386,11 @@ def _loop(session: Session) -> TrainResult:
             smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
             if context.is_main and (done % t.log_every == 0 or done == t.steps):
                 rate = window_images / max(time.perf_counter() - window_start, 1e-9)
-                run.append_log({"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
-                                "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate})
+                record = {"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
+                          "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate}
+                run.append_log(record)
+                if session.scalars is not None:
+                    session.scalars.training(record, optimizer)
                 bar.set_postfix(loss=f"{smoothed:.4f}", img_s=f"{rate:.0f}", refresh=False)
                 window_start, window_images = time.perf_counter(), 0
             bar.update(1)
