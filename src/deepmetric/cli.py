@@ -151,6 +151,16 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_run
+
+    result = export_run(args.run_dir, args.out, format=args.format, which=args.checkpoint)
+    print(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
+          f"{result.image_size} x {result.image_size} RGB images, any batch size; input size and normalisation in "
+          f"{result.metadata}); its embeddings differ from PyTorch's by at most {result.max_error:.1e}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from .retrieval import index_images
 
@@ -334,6 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
     _add_run_options(p)
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("export", help="export a run's embedder to ONNX (or TorchScript) for deployment",
+                       description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
+                       "graph with a free batch dimension: RGB images in [0, 1] of the run's data.image_size -> "
+                       "embeddings, the normalisation inside. OUT.json beside it gives the input size, the resize "
+                       "policy and the normalisation. The file is checked against PyTorch (onnxruntime, 1e-4) before "
+                       "it is written; a head ONNX cannot express is refused with the reason (try --format "
+                       "torchscript). Needs pip install 'deepmetric[onnx]'.")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, help="the model file, e.g. model.onnx (its JSON goes to model.json)")
+    p.add_argument("--format", default="onnx", choices=["onnx", "torchscript"],
+                   help="onnx (default; onnxruntime and every ONNX runtime) or torchscript (torch.jit.load)")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
+                   help="auto: best if the run had a validation split, else last")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("index", help="embed a gallery with a trained run into a faiss index (or --add to one)",
                        description="Embed every image of a gallery (a folder, one image, or a .txt list of paths) "
