@@ -151,6 +151,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    from .presets import format_presets, list_presets
+
+    kind = "study" if args.studies else "config"
+    presets = list_presets(args.pattern, kind)
+    if args.json:
+        print(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
+                       for p in presets], indent=2))
+    else:
+        print(format_presets(presets, kind))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_run
 
@@ -310,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generator", help="add synthetic examples to every batch: mirage (thesis ch. 6); options "
                    "come from generator.options.* overrides or the config")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
-    p.add_argument("--config", help="YAML file of settings (see configs/)")
+    p.add_argument("--config", help="YAML file of settings, or the name of a preset that ships with deepmetric "
+                   "(e.g. demo-glyphs, abe/cub-abe8: deepmetric presets lists them); a file that exists wins")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--skip-bad-images", action="store_true",
                    help="leave corrupt/missing images out (listed in RUN/bad_images.txt) instead of stopping")
@@ -344,6 +358,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
     _add_run_options(p)
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("presets", help="list the presets that ship with deepmetric and the paper table each "
+                       "reproduces", description="List the run configs that ship inside the package (use one with "
+                       "deepmetric train --config NAME, from any directory) with the published table each reproduces, "
+                       "or with --studies the study files (deepmetric study NAME).")
+    p.add_argument("pattern", nargs="?", help="keep names matching this shell-style pattern or holding this text "
+                   "(e.g. 'abe/*', cub)")
+    p.add_argument("--studies", action="store_true", help="list the study files instead of the run configs")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, path, reproduces}")
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("export", help="export a run's embedder to ONNX (or TorchScript) for deployment",
                        description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
@@ -399,9 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
-                       description="Run every unfinished run of a study file (see configs/studies/) and write "
-                       "results.csv, results.md (mean ± std) and results.png.")
-    p.add_argument("file", help="study YAML")
+                       description="Run every unfinished run of a study file (or of a packaged study by name: "
+                       "deepmetric presets --studies) and write results.csv, results.md (mean ± std) and results.png.")
+    p.add_argument("file", help="study YAML, or a packaged study's name (e.g. demo); a file that exists wins")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides for every run, e.g. data.spec=cub:/data/CUB_200_2011")
     p.add_argument("--out", help="override the study's output folder")
