@@ -100,6 +100,14 @@ def test_single_scale_deml_has_no_crop_and_exports(tmp_path):
     assert _onnx_max_error(model, tmp_path / "m.onnx") <= 1e-4
 
 
+def test_exporting_leaves_the_callers_model_as_it_was(tmp_path):
+    model = _model("gap").set_channels_last(True).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_model(model, tmp_path / "m.onnx", image_size=SIZE)
+    assert model.training and model.channels_last
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 class _HostStepHead(Head):
     """A head whose embedding depends on a value computed outside torch (as DeML's boxes): a trace freezes it."""
 

@@ -25,6 +25,7 @@ torch says so through ``Head.export_blocker`` and is refused before anything is 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.metadata
 import re
 import time
@@ -251,7 +252,8 @@ def export_model(model: Embedder, out: str | Path, format: str = "onnx", image_s
     """Export ``model`` (any ``Embedder``) for ``image_size`` x ``image_size`` inputs; see the module docstring.
 
     Writes ``out`` and its JSON atomically, only once the file's embeddings agree with PyTorch's; a head that
-    cannot be exported in ``format`` raises ``ExportError`` with the reason, and nothing is written.
+    cannot be exported in ``format`` raises ``ExportError`` with the reason, and nothing is written. ``model`` itself
+    is left as it was (a copy is moved to the CPU, contiguous layout, eval mode, and traced).
     """
     started = time.perf_counter()
     path, meta_path = output_paths(out, format)
@@ -261,7 +263,7 @@ def export_model(model: Embedder, out: str | Path, format: str = "onnx", image_s
         raise ExportError(f"{what} cannot be exported to ONNX or TorchScript: {blocker}")
     for file in (path, meta_path):
         check_writable(file)
-    model = model.cpu().set_channels_last(False).eval()
+    model = copy.deepcopy(model).cpu().set_channels_last(False).eval()
     graph = EmbeddingGraph(model).eval()
     example = torch.rand(TRACE_BATCH, 3, image_size, image_size, generator=torch.Generator().manual_seed(1))
     with atomic_path(path) as tmp, atomic_path(meta_path) as tmp_meta:
