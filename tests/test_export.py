@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,13 @@ def test_single_scale_deml_has_no_crop_and_exports(tmp_path):
     model = _model("deml", num_scales=1)
     export_model(model, tmp_path / "m.onnx", image_size=SIZE)
     assert _onnx_max_error(model, tmp_path / "m.onnx") <= 1e-4
+
+
+def test_without_the_onnx_extra_the_install_command_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    with pytest.raises(ExportError, match=r"pip install 'deepmetric\[onnx\]'"):
+        export_model(_model("gap"), tmp_path / "m.onnx", image_size=SIZE)
+    assert not list(tmp_path.iterdir())
 
 
 def test_exporting_leaves_the_callers_model_as_it_was(tmp_path):
