@@ -108,6 +108,15 @@ def test_without_the_onnx_extra_the_install_command_is_named(tmp_path, monkeypat
     assert not list(tmp_path.iterdir())
 
 
+def test_weights_beyond_what_one_onnx_file_holds_are_sent_to_torchscript(tmp_path, monkeypatch):
+    import deepmetric.export
+
+    monkeypatch.setattr(deepmetric.export, "ONNX_LIMIT", 1000)  # bytes: the tiny model has more
+    with pytest.raises(ExportError, match=r"one ONNX file holds at most 2 GiB: export it with --format torchscript"):
+        export_model(_model("gap"), tmp_path / "m.onnx", image_size=SIZE)
+    assert not list(tmp_path.iterdir())
+
+
 def test_exporting_leaves_the_callers_model_as_it_was(tmp_path):
     model = _model("gap").set_channels_last(True).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}

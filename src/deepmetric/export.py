@@ -56,6 +56,9 @@ VERIFY_BATCHES = (1, 3)
 TOLERANCE = 1e-4
 """Largest absolute difference allowed between the exported model's embeddings and PyTorch's."""
 INPUT_NAME, OUTPUT_NAME = "images", "embedding"
+ONNX_LIMIT = 2**31 - 2**26
+"""Weights (bytes) an ONNX file can hold: protobuf's 2 GiB, less room for the graph (larger models would need
+external data files beside the .onnx, which the atomic write does not move)."""
 
 RESIZE_POLICIES = {
     "resize": "resize the image to H x W (the aspect ratio is not kept)",
@@ -261,6 +264,10 @@ def export_model(model: Embedder, out: str | Path, format: str = "onnx", image_s
     blocker = model.head.export_blocker()
     if blocker:
         raise ExportError(f"{what} cannot be exported to ONNX or TorchScript: {blocker}")
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if format == "onnx" and weight_bytes >= ONNX_LIMIT:
+        raise ExportError(f"{what} holds {weight_bytes / 2**30:.1f} GiB of weights; one ONNX file holds at most 2 GiB: "
+                          "export it with --format torchscript")
     for file in (path, meta_path):
         check_writable(file)
     model = copy.deepcopy(model).cpu().set_channels_last(False).eval()
