@@ -151,6 +151,29 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    from .presets import format_presets, list_presets
+
+    kind = "study" if args.studies else "config"
+    presets = list_presets(args.pattern, kind)
+    if args.json:
+        print(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
+                       for p in presets], indent=2))
+    else:
+        print(format_presets(presets, kind))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_run
+
+    result = export_run(args.run_dir, args.out, format=args.format, which=args.checkpoint)
+    print(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
+          f"{result.image_size} x {result.image_size} RGB images, any batch size; input size and normalisation in "
+          f"{result.metadata}); its embeddings differ from PyTorch's by at most {result.max_error:.1e}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from .retrieval import index_images
 
@@ -300,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generator", help="add synthetic examples to every batch: mirage (thesis ch. 6); options "
                    "come from generator.options.* overrides or the config")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
-    p.add_argument("--config", help="YAML file of settings (see configs/)")
+    p.add_argument("--config", help="YAML file of settings, or the name of a preset that ships with deepmetric "
+                   "(e.g. demo-glyphs, abe/cub-abe8: deepmetric presets lists them); a file that exists wins")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--skip-bad-images", action="store_true",
                    help="leave corrupt/missing images out (listed in RUN/bad_images.txt) instead of stopping")
@@ -334,6 +358,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
     _add_run_options(p)
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("presets", help="list the presets that ship with deepmetric and the paper table each "
+                       "reproduces", description="List the run configs that ship inside the package (use one with "
+                       "deepmetric train --config NAME, from any directory) with the published table each reproduces, "
+                       "or with --studies the study files (deepmetric study NAME).")
+    p.add_argument("pattern", nargs="?", help="keep names matching this shell-style pattern or holding this text "
+                   "(e.g. 'abe/*', cub)")
+    p.add_argument("--studies", action="store_true", help="list the study files instead of the run configs")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, path, reproduces}")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("export", help="export a run's embedder to ONNX (or TorchScript) for deployment",
+                       description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
+                       "graph with a free batch dimension: RGB images in [0, 1] of the run's data.image_size -> "
+                       "embeddings, the normalisation inside. OUT.json beside it gives the input size, the resize "
+                       "policy and the normalisation. The file is checked against PyTorch (onnxruntime, 1e-4) before "
+                       "it is written; a head ONNX cannot express is refused with the reason (try --format "
+                       "torchscript). Needs pip install 'deepmetric[onnx]'.")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, help="the model file, e.g. model.onnx (its JSON goes to model.json)")
+    p.add_argument("--format", default="onnx", choices=["onnx", "torchscript"],
+                   help="onnx (default; onnxruntime and every ONNX runtime) or torchscript (torch.jit.load)")
+    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
+                   help="auto: best if the run had a validation split, else last")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("index", help="embed a gallery with a trained run into a faiss index (or --add to one)",
                        description="Embed every image of a gallery (a folder, one image, or a .txt list of paths) "
@@ -374,9 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
-                       description="Run every unfinished run of a study file (see configs/studies/) and write "
-                       "results.csv, results.md (mean ± std) and results.png.")
-    p.add_argument("file", help="study YAML")
+                       description="Run every unfinished run of a study file (or of a packaged study by name: "
+                       "deepmetric presets --studies) and write results.csv, results.md (mean ± std) and results.png.")
+    p.add_argument("file", help="study YAML, or a packaged study's name (e.g. demo); a file that exists wins")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides for every run, e.g. data.spec=cub:/data/CUB_200_2011")
     p.add_argument("--out", help="override the study's output folder")

@@ -20,6 +20,7 @@ import yaml
 from .data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 from .errors import ConfigError, did_you_mean
 from .evaluation.engines import KNN_ENGINES
+from .presets import resolve as resolve_preset
 
 LR_SCHEDULES = ("constant", "cosine", "step")
 """``train.lr_schedule`` choices (training/optim.py)."""
@@ -351,10 +352,10 @@ def merge_layers(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a config file; ``extends: OTHER.yaml`` (relative to this file) loads OTHER first and merges."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    """Read a config file, or the packaged preset of that name (``abe/cub-abe8``: ``deepmetric.presets``; a file
+    that exists wins); ``extends: OTHER.yaml`` (relative to this file, else a preset's name) loads OTHER first and
+    merges."""
+    path = resolve_preset(path, "config")
     if path.resolve() in _seen:
         raise ConfigError(f"config file {path} extends itself (through {' -> '.join(str(p) for p in _seen)})")
     try:
@@ -370,7 +371,17 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     parent = data.pop("extends", None)
     if parent is None:
         return data
-    return merge_layers(load_yaml(path.parent / str(parent), (*_seen, path.resolve())), data)
+    return merge_layers(load_yaml(extended(path, parent), (*_seen, path.resolve())), data)
+
+
+def extended(path: Path, parent: Any) -> Path:
+    """The file that ``extends: parent`` in ``path`` names: relative to ``path``'s folder, else a packaged preset."""
+    if not isinstance(parent, str) or not parent.strip():
+        raise ConfigError(f"config file {path}: 'extends' must name a YAML file or a preset, got {parent!r}")
+    relative = path.parent / parent
+    if relative.is_file():
+        return relative
+    return resolve_preset(parent, "config", what=f"{path}: extends")
 
 
 def build_config(*layers: dict[str, Any]) -> RunConfig:

@@ -2,7 +2,7 @@
 
 ```yaml
 name: demo                        # the study's name (default: the file's stem)
-base: ../demo-glyphs.yaml         # a run config (relative to this file), or one written inline as a mapping
+base: ../demo-glyphs.yaml         # a run config (relative to this file, or a preset's name), or one inline
                                   #   ({data: {...}, model: {...}}, ``extends:`` allowed); every run starts from it
 out: runs/studies/demo            # where runs and results go (default runs/studies/<name>)
 set: {train.steps: 200}           # overrides applied to every run
@@ -34,8 +34,9 @@ from typing import Any
 
 import yaml
 
-from ..config import build_config, load_yaml, merge_layers, nest
+from ..config import build_config, extended, load_yaml, merge_layers, nest
 from ..errors import ConfigError, did_you_mean
+from ..presets import resolve as resolve_preset
 
 KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction", "all_embeddings")
 
@@ -122,20 +123,19 @@ def _check_label(label: str, path: Path) -> str:
 def _base(value: Any, path: Path) -> dict[str, Any]:
     """The study's base config: a file (relative to the study file) or an inline mapping of sections."""
     if isinstance(value, str):
-        return load_yaml(path.parent / value)
+        return load_yaml(extended(path, value))
     if isinstance(value, dict):
         inline = dict(value)
         parent = inline.pop("extends", None)
-        return merge_layers(load_yaml(path.parent / str(parent)), inline) if parent is not None else inline
+        return merge_layers(load_yaml(extended(path, parent)), inline) if parent is not None else inline
     raise ConfigError(f"study file {path}: 'base' must be a config file name or a mapping of config sections, got "
                       f"{value!r}")
 
 
 def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> StudySpec:
-    """Read a study file; ``command_line`` (parsed ``key=value`` layers) apply to every run, over its settings."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"study file {path} does not exist")
+    """Read a study file, or the packaged study of that name (``demo``: ``deepmetric.presets``; a file that exists
+    wins); ``command_line`` (parsed ``key=value`` layers) apply to every run, over its settings."""
+    path = resolve_preset(path, "study")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"study file {path} must hold a mapping")

@@ -95,7 +95,11 @@ class Head(nn.Module):
       rows;
     - data-dependent initialisation (e.g. a k-means dictionary): the head sets ``init_images`` > 0 and
       implements ``initialize(feature_batches)``: before training (not when resuming) the trainer passes the
-      trunk features F of that many training images, without augmentation, batch by batch.
+      trunk features F of that many training images, without augmentation, batch by batch;
+    - export (``deepmetric export``): a head whose forward pass computes something outside torch that the
+      embedding depends on (a NumPy/SciPy step a trace would freeze into a constant) returns the reason from
+      ``export_blocker()``; the exporter refuses it with that reason (and checks every other head's exported
+      file against PyTorch anyway).
     """
 
     embedding_dim: int
@@ -164,6 +168,10 @@ class Head(nn.Module):
     def num_maps(self) -> int:
         """How many attention maps ``HeadOutput.attention`` holds (when it holds any): one per learner by default."""
         return self.num_parts
+
+    def export_blocker(self) -> str | None:
+        """Why this head (with its options) cannot be exported to ONNX or TorchScript; None: it can be tried."""
+        return None
 
     def encode(self, pooled: torch.Tensor) -> torch.Tensor:
         """Embed (B, pooled_dim) pooled feature vectors; only heads that set ``pooled_dim`` implement it."""

@@ -45,17 +45,23 @@ def signed_sqrt(v: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return torch.sign(v) * (torch.sqrt(v.abs() + eps) - eps**0.5)
 
 
+def _eigen_power(sigma: torch.Tensor, power: float, eps: float) -> tuple[torch.Tensor, ...]:
+    """(floored eigenvalues, eigenvectors, eigenvalues ** power, which were kept, U Δ^α U^T)."""
+    eigenvalues, vectors = torch.linalg.eigh(sigma)
+    floor = eps * eigenvalues.amax(dim=-1, keepdim=True).clamp_min(eps)
+    kept = eigenvalues > floor
+    eigenvalues = torch.where(kept, eigenvalues, floor)
+    values = eigenvalues**power
+    return eigenvalues, vectors, values, kept, vectors @ torch.diag_embed(values) @ vectors.transpose(-1, -2)
+
+
 class _MatrixPower(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sigma: torch.Tensor, power: float, eps: float) -> torch.Tensor:
-        eigenvalues, vectors = torch.linalg.eigh(sigma)
-        floor = eps * eigenvalues.amax(dim=-1, keepdim=True).clamp_min(eps)
-        kept = eigenvalues > floor
-        eigenvalues = torch.where(kept, eigenvalues, floor)
-        values = eigenvalues**power
+        eigenvalues, vectors, values, kept, result = _eigen_power(sigma, power, eps)
         ctx.save_for_backward(eigenvalues, vectors, values, kept)
         ctx.power = power
-        return vectors @ torch.diag_embed(values) @ vectors.transpose(-1, -2)
+        return result
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -72,8 +78,11 @@ class _MatrixPower(torch.autograd.Function):
 
 def matrix_power(sigma: torch.Tensor, power: float = 0.5, eps: float = 1e-6) -> torch.Tensor:
     """``U Δ^α U^T`` of symmetric PSD matrices (..., c, c) (eq. 3.28); eigenvalues below ``eps`` times the
-    largest are raised to that floor (rank-deficient Σ), and get no gradient."""
-    return _MatrixPower.apply(sigma, power, eps)
+    largest are raised to that floor (rank-deficient Σ), and get no gradient. Without a gradient to compute the
+    plain torch operations run, not the autograd Function, so that a traced model (TorchScript) can be saved."""
+    if torch.is_grad_enabled() and sigma.requires_grad:
+        return _MatrixPower.apply(sigma, power, eps)
+    return _eigen_power(sigma, power, eps)[-1]
 
 
 def newton_schulz_sqrt(sigma: torch.Tensor, iterations: int = 5) -> torch.Tensor:

@@ -82,7 +82,7 @@ class HighOrderMoments(nn.Module):
 
     def projections(self, x: torch.Tensor) -> torch.Tensor:
         """(n, c) -> (n, M, d): ``W_m^T x`` for every matrix m, as one matrix product (the 1x1 convolutions)."""
-        return (x @ self.weight).view(len(x), self.num_matrices, self.dim)
+        return (x @ self.weight).unflatten(-1, (self.num_matrices, self.dim))  # no len(x): a traced export keeps n free
 
     def locations(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``[phi_2(x), ..., phi_K(x)]`` for local features x (n, c), each (n, d)."""
