@@ -98,10 +98,13 @@ def slow_multi_similarity(x, y, alpha=2.0, beta=50.0, base=0.5, mining=False, ep
 
 
 def slow_margin(x, y, margin=0.2, beta=1.2):
+    """Wu et al.'s margin loss (thesis eq. 2.11's distance), pair by pair; ``beta`` is one boundary or a list of
+    one per class, the anchor's (row i's) class choosing it."""
     active, total = 0, 0.0
-    for _, _, s, same in pairs(x, y):
+    for i, _, s, same in pairs(x, y):
+        b = beta[int(y[i])] if isinstance(beta, list) else beta
         d = math.sqrt(max(2 - 2 * s, 1e-12))
-        value = max(0.0, margin + d - beta) if same else max(0.0, margin + beta - d)
+        value = max(0.0, margin + d - b) if same else max(0.0, margin + b - d)
         total += value
         active += value > 0
     return total / max(active, 1)
@@ -173,6 +176,25 @@ def test_perfect_embeddings_give_zero_hinge_losses():
     assert float(ContrastiveLoss()(x, y)) == 0.0
     assert float(TripletLoss()(x, y)) == 0.0
     assert float(MarginLoss(beta=1.2).double()(x, y).detach()) == 0.0  # d_pos = 0 < 1.0, d_neg = sqrt(2) > 1.4
+
+
+def test_margin_per_class_boundaries_match_a_slow_loop_with_the_anchors_class():
+    """``per_class=True``: each pair's boundary is beta of its anchor's class (Wu et al. 2017, eq. 4's beta^(class)),
+    and ``nu`` adds nu times the mean of the boundaries used. Distinct betas, labels 1..4 of 5 classes in a
+    shuffled order, so neither class 0's boundary nor one shared boundary can give the slow loop's value."""
+    x, y = batch(n_classes=4, per_class=3, seed=6)
+    y = (y + 1)[torch.randperm(len(y), generator=torch.Generator().manual_seed(0))]
+    betas = [0.6, 0.9, 1.1, 1.3, 1.5]
+    loss = MarginLoss(per_class=True, num_classes=5).double()
+    with torch.no_grad():
+        loss.beta.copy_(torch.tensor(betas, dtype=torch.float64))
+    expected = slow_margin(x, y, beta=betas)
+    assert float(loss(x, y).detach()) == pytest.approx(expected, abs=1e-10)
+    for shared in (betas[0], sum(betas) / 5):  # what a loss ignoring the classes would give
+        assert abs(slow_margin(x, y, beta=shared) - expected) > 1e-3
+    loss.nu = 0.1
+    used = sum(betas[int(c)] for c in y) / len(y)
+    assert float(loss(x, y).detach()) == pytest.approx(expected + 0.1 * used, abs=1e-10)
 
 
 def test_margin_per_class_beta_receives_gradient_only_for_present_classes():
