@@ -201,3 +201,75 @@ def test_the_discriminator_learns_when_its_learning_rate_allows():
         losses.append(float(generator.step(output, labels)["mirage_disc"]))
     assert losses[0] == pytest.approx(chance, rel=0.05)
     assert min(losses) < 0.3 * chance
+
+
+def adversarial_state(generator, real, labels):
+    """D's view of the round's fixed inputs: (margin, L_adv). The margin is mean D_g logit of the real embeddings
+    minus that of the virtual examples x~_v = E(G(n(p_v + eps))) (eq. 6.2; D_g's sigmoid ranks them the same way);
+    L_adv is §6.3.4's adversarial loss (the unnumbered equation after eq. 6.3), recomputed by hand."""
+    import torch.nn.functional as F
+
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
+        real_logit, real_class = generator.discriminate(real)
+        fake_logit, fake_class = generator.discriminate(fake)
+        l_adv = (F.softplus(-real_logit).mean() + F.softplus(fake_logit).mean()  # -log D_g(real) - log(1 - D_g(fake))
+                 + F.cross_entropy(real_class, labels) + F.cross_entropy(fake_class, rows))
+    return float(real_logit.mean() - fake_logit.mean()), float(l_adv)
+
+
+def fixed_round(**options):
+    """One alternating round's fixed inputs: real embeddings/features of a fixed batch, and x~_v's rows and noise."""
+    _, model, generator, images, labels = setup(mode="both", **options)
+    with torch.no_grad():
+        output = model(images)
+    generator.generate(output, labels)  # draws the virtual rows and their noise (kept in generator._virtual)
+    return generator, output.extras["pooled"], output.embedding, labels
+
+
+def test_the_discriminator_step_scores_real_above_generated():
+    """D minimises L_adv (§6.3.4, -log D_g(E(f_t)) - log(1 - D_g(x~_v)) - ...): on fixed inputs each D step lowers
+    L_adv, and D comes to score the real embeddings above the generated ones (D_g(real) > 1/2 > D_g(x~_v)), from
+    a start where it cannot tell them apart. Swapping the real/fake targets makes the margin negative."""
+    generator, _, real, labels = fixed_round(lr_discriminator=1e-3)
+    margin, l_adv = adversarial_state(generator, real, labels)
+    assert abs(margin) < 0.1  # a fresh D: no preference
+    history, reported = [(margin, l_adv)], []
+    for _ in range(30):
+        reported.append(float(generator.discriminator_step(real, labels)))
+        history.append(adversarial_state(generator, real, labels))
+    margins, losses = zip(*history, strict=True)
+    assert margins[-1] > 1.0 and margins[-1] > margins[0] + 1.0, margins
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses  # L_adv falls at every D step
+    assert reported == pytest.approx(losses[:-1], rel=1e-5)  # each step minimised the L_adv of its inputs
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
+        assert (torch.sigmoid(generator.discriminate(real)[0]) > 0.5).all()
+        assert (torch.sigmoid(generator.discriminate(fake)[0]) < 0.5).all()
+
+
+@pytest.mark.parametrize("gan_loss", ["minimax", "nonsaturating"])
+def test_the_generator_step_fools_the_discriminator(gan_loss):
+    """G maximises L_adv with D fixed (§6.3.5; ``nonsaturating`` minimises -log D_g(x~_v) - log(1 - D_c(x~_v)[y_v])
+    instead, which points the same way): after D has learnt to tell real from generated, each G step (reconstruction
+    weight 0, so only the adversarial term acts) lowers D's margin real - generated and raises L_adv, and D's
+    weights do not move. With the generator's sign flipped, G would help D: the margin would grow."""
+    generator, features, real, labels = fixed_round(lr_discriminator=1e-3, lr_generator=1e-3, gan_loss=gan_loss,
+                                                    reconstruction_weight=0.0)
+    for _ in range(30):
+        generator.discriminator_step(real, labels)
+    d_before = snapshot(generator.discriminator_parameters())
+    history = [adversarial_state(generator, real, labels)]
+    assert history[0][0] > 1.0  # D prefers the real embeddings
+    for _ in range(10):
+        terms = generator.generator_step(features, real)
+        history.append(adversarial_state(generator, real, labels))
+        if gan_loss == "minimax":  # the logged term is L_adv's generated half, before the step
+            assert float(terms["mirage_adv_g"]) > 0
+    margins, losses = zip(*history, strict=True)
+    assert all(b < a for a, b in zip(margins, margins[1:], strict=False)), margins  # it falls at every G step
+    assert margins[-1] < margins[0] - 0.2, margins
+    assert losses[-1] > losses[0], losses  # G pushed L_adv up
+    assert not any(changed(d_before, generator.discriminator_parameters()))
