@@ -189,9 +189,40 @@ def test_amp_runs_the_forward_in_bfloat16_and_hands_the_objective_float32(tmp_pa
     assert all(w.dtype == torch.float32 for w in amp_weights.values() if w.is_floating_point())
 
 
-def test_channels_last_trains_as_the_contiguous_layout_up_to_float_rounding(tmp_path):
+def record_conv_layouts(monkeypatch) -> list[tuple[str, bool]]:
+    """Make the trainer's model record, at every convolution it runs, whether its input and its weight are stored
+    channels-last (NHWC); tensors whose two layouts coincide (one channel, or 1 x 1 maps) are not recorded."""
+    import deepmetric.training.trainer as trainer
+
+    seen, build = [], trainer.build_model
+
+    def layout(kind: str, t: torch.Tensor) -> None:
+        nhwc, nchw = t.is_contiguous(memory_format=torch.channels_last), t.is_contiguous()
+        if nhwc != nchw:
+            seen.append((kind, nhwc))
+
+    def recording_build(config):
+        model = build(config)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.register_forward_pre_hook(lambda m, args: (layout("input", args[0]),
+                                                                  layout("weight", m.weight)) and None)
+        return model
+
+    monkeypatch.setattr(trainer, "build_model", recording_build)
+    return seen
+
+
+def test_channels_last_trains_as_the_contiguous_layout_up_to_float_rounding(tmp_path, monkeypatch):
+    """``train.channels_last``: the convolutions of the training run see NHWC weights and activations (and NCHW
+    when off), and the weights it ends with equal the NCHW run's up to float rounding."""
+    seen = record_conv_layouts(monkeypatch)
     train(tiny_config(train={"steps": 3, "channels_last": True}), tmp_path / "nhwc", progress=False)
+    nhwc_layouts, seen[:] = list(seen), []
     train(tiny_config(train={"steps": 3, "channels_last": False}), tmp_path / "nchw", progress=False)
+    for kind in ("input", "weight"):
+        assert sum(k == kind for k, _ in nhwc_layouts) >= 3 and sum(k == kind for k, _ in seen) >= 3, kind
+    assert all(nhwc for _, nhwc in nhwc_layouts) and not any(nhwc for _, nhwc in seen)
     nhwc, _, _ = weights(tmp_path / "nhwc/checkpoints/last.safetensors")
     nchw, _, _ = weights(tmp_path / "nchw/checkpoints/last.safetensors")
     assert nhwc.keys() == nchw.keys()
