@@ -121,9 +121,29 @@ def test_a_run_that_fails_its_set_up_leaves_no_directory(tmp_path, sections, mes
 
 
 def test_baseline_is_recorded_before_training(tmp_path):
-    train(tiny_config(eval={"baseline": True}, train={"steps": 1}), tmp_path / "run", progress=False)
+    """``eval.baseline``: the test metrics of the run's untrained backbone (its pooled features, l2-normalised) are
+    what ``evaluate`` gives for the trunk of the run at step 0 (a 0-step run's checkpoint) under a GAP head without
+    an embedding layer; another seed's untrained trunk scores otherwise, so the comparison can fail."""
+    from deepmetric.evaluation.evaluator import EmbedSettings, evaluate
+    from deepmetric.models import create_model
+    from deepmetric.training.setup import load_table
+
+    config = tiny_config(eval={"baseline": True}, train={"steps": 1})
+    train(config, tmp_path / "run", progress=False)
     baseline = json.loads(RunDir(tmp_path / "run").baseline.read_text())
-    assert "no training" in baseline["model"] and 0 <= baseline["metrics"]["recall@1"] <= 1
+    assert "no training" in baseline["model"]
+    table, _ = load_table(config)
+
+    def pooled_metrics(seed: int) -> dict:
+        train(tiny_config(train={"steps": 0, "seed": seed}), tmp_path / f"untrained-{seed}", progress=False)
+        trunk = unprefixed("trunk", weights(tmp_path / f"untrained-{seed}/checkpoints/last.safetensors")[0])
+        model = create_model("tiny", head="gap", embedding_dim=0, pretrained=False)
+        model.trunk.load_state_dict(trunk)
+        return evaluate(model, table, "test", EmbedSettings.from_config(config, "cpu", progress=False),
+                        config.eval.recall_at, config.eval.nmi, config.eval.engine)
+
+    assert baseline["metrics"] == pooled_metrics(config.train.seed)
+    assert baseline["metrics"] != pooled_metrics(config.train.seed + 1)
 
 
 @pytest.mark.parametrize("loss", ["contrastive", "triplet", "multi-similarity", "margin"])
