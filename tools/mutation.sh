@@ -42,13 +42,14 @@ for module in "${modules[@]}"; do
     [ -n "${MUTATE[$module]:-}" ] || { echo "unknown module '$module' (one of: ${!MUTATE[*]})" >&2; exit 2; }
     work=$MUTATION_DIR/$module
     mkdir -p "$work"
-    # the working tree's sources and tests (mutmut copies them again into $work/mutants)
-    rm -rf "$work/src" "$work/tests"
-    cp -r "$ROOT/src" "$ROOT/tests" "$work/"
+    # the working tree's sources, tests and presets (mutmut copies them again into $work/mutants)
+    rm -rf "$work/src" "$work/tests" "$work/configs"
+    cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/configs" "$work/"  # some tests read the presets
     cp "$ROOT/pyproject.toml" "$work/"
     {
         echo "[mutmut]"
         echo "source_paths = src"
+        echo "also_copy = configs"
         echo "only_mutate = ${MUTATE[$module]}"
         echo "pytest_add_cli_args = -p no:cacheprovider -q -x"
         echo "pytest_add_cli_args_test_selection ="
