@@ -89,3 +89,20 @@ def assert_resumed_exactly(straight, resumed, steps: int) -> None:
     assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.") for k in a)
     different = [k for k in a if k != "rng.torch" and not torch.equal(a[k], b[k])]
     assert not different, f"differ after resuming: {different[:8]}"
+
+
+def assert_trained_metrics_are_evaluates(run_dir, capsys) -> dict:
+    """The test metrics ``train`` wrote (``RUN/metrics.json``) are finite and in [0, 1], and equal what
+    ``deepmetric evaluate RUN --json`` recomputes from the checkpoint; returns them."""
+    import json
+    import math
+
+    from deepmetric.cli import main
+
+    capsys.readouterr()
+    record = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    assert {"recall@1", "map@r", "r_precision"} <= set(record)
+    assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in record.values() if v is not None), record
+    assert main(["evaluate", str(run_dir), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out) == record
+    return record

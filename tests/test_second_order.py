@@ -145,12 +145,14 @@ def test_bad_combinations_are_named():
 
 def test_bilinear_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     from deepmetric.cli import main
+    from helpers import assert_trained_metrics_are_evaluates
     from test_cli import TINY
 
     out = tmp_path / "run"
     assert main(["train", *TINY, "--head", "bilinear", "--out", str(out), "model.head_options.reduce_dim=6",
                  "model.head_options.matrix_norm=newton_schulz"]) == 0
     assert "trained (last, step 4)" in capsys.readouterr().out
+    assert_trained_metrics_are_evaluates(out, capsys)  # finite, and what `deepmetric evaluate` recomputes
 
 
 def test_gap_head_can_pool_the_trunk_features_as_a_first_order_control():
