@@ -299,3 +299,83 @@ def test_kmeans_without_faiss_warns_from_the_cluster_count_where_it_would_use_fa
     assert [r.getMessage() for r in caplog.records] == [
         "NMI: k-means with 8 clusters by scikit-learn, because faiss is not installed; this is slow "
         "(pip install faiss-cpu, or eval.nmi=false)"]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: retrieval_metrics(np.ones(4), [0, 0, 1, 1]),
+     r"^query embeddings must be a 2-D array \(n, D\), got shape \(4,\)$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.zeros((0, 2)), []), r"^gallery embeddings are empty \(0 rows\)$"),
+    (lambda: retrieval_metrics(np.eye(2), ["a", "a"]),
+     r"^query labels must be integer class labels, got an array of <U1 \(map names to integers first\)$"),
+    (lambda: retrieval_metrics(np.eye(2), [0.0, 0.5]), r"^query labels must be integer class labels$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2), [0, 0, 1]), r"^gallery labels has 3 entries for 2"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], gallery_labels=[0, 0]),
+     r"^gallery labels given without gallery embeddings$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2)), r"^gallery embeddings given without gallery labels$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(3), [0, 0, 1]),
+     r"^query embeddings have 2 dimensions, gallery embeddings 3$"),
+    (lambda: retrieval_metrics(np.eye(3), [0, 1, 2]),
+     r"^no query has another item of its class in the gallery; nothing to retrieve$"),
+])
+def test_each_bad_input_gets_its_own_message_naming_the_argument(call, message):
+    with pytest.raises(DeepMetricError, match=message):
+        call()
+
+
+def test_labels_may_be_integral_floats_or_tensors_and_one_query_is_enough():
+    x, y = angles(0, 10, 50, 20, 30), [0, 0, 0, 1, 1]
+    expected = retrieval_metrics(x, y, recall_at=(1, 2), nmi=False)
+    for labels in (np.array(y, dtype=np.float64), torch.tensor(y, dtype=torch.float32), torch.tensor(y)):
+        assert retrieval_metrics(torch.tensor(x), labels, recall_at=(1, 2), nmi=False) == expected
+    one = retrieval_metrics(angles(0), [1], angles(5, 60), [1, 0], recall_at=(1,), nmi=False)  # a 1-row query
+    assert one == {"recall@1": 1.0, "map@r": 1.0, "r_precision": 1.0}
+
+
+def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
+    """K larger than the gallery: every item is searched, the last one included (own row excluded when there is
+    no gallery); a query whose class is absent from the gallery (even a label above all of the gallery's) is left
+    out, with a warning that counts it."""
+    # q (0 deg, class 0) meets its only positive last, at rank 3 of 3
+    m = retrieval_metrics(angles(0), [0], angles(10, 20, 170), [1, 1, 0], recall_at=(1, 2, 3, 50), nmi=False)
+    assert [m[f"recall@{k}"] for k in (1, 2, 3, 50)] == [0.0, 0.0, 1.0, 1.0]
+    m = retrieval_metrics(angles(0, 10, 20, 170), [0, 1, 1, 0], recall_at=(3, 50), nmi=False)  # own row removed
+    assert m["recall@3"] == 1.0 and m["recall@50"] == 1.0
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        m = retrieval_metrics(angles(0, 90), [0, 7], angles(10, 100), [0, 1], recall_at=(1,), nmi=False)
+    assert m["recall@1"] == 1.0 and m["map@r"] == 1.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 of 2 queries have no other item of their class in the gallery and are left out"]
+
+
+def test_nmi_is_null_with_a_warning_where_undefined_and_deterministic_where_defined(caplog):
+    """NMI needs 2 or more query classes and fewer classes than queries: else None and one warning naming the
+    counts; where it is defined it is a number, no warning, and the same at every call (k-means from seed 0)."""
+    gallery, gallery_labels = angles(0, 5, 90, 95), [0, 0, 1, 1]
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        every_query_its_class = retrieval_metrics(angles(1, 91), [0, 1], gallery, gallery_labels)
+        one_class = retrieval_metrics(angles(1, 3), [0, 0], gallery, gallery_labels)
+    assert every_query_its_class["nmi"] is None and one_class["nmi"] is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "NMI is undefined here (the 2 queries hold 2 classes; it needs 2 or more, and fewer classes than queries): "
+        "reported as null",
+        "NMI is undefined here (the 2 queries hold 1 classes; it needs 2 or more, and fewer classes than queries): "
+        "reported as null"]
+    caplog.clear()
+    x = np.random.default_rng(3).normal(size=(40, 6))  # no cluster structure: k-means depends on its start
+    y = np.arange(40) % 8
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        scores = {retrieval_metrics(x, y, recall_at=(1,))["nmi"] for _ in range(3)}
+    assert len(scores) == 1 and 0.0 < scores.pop() < 1.0 and not caplog.records
+
+
+def test_faiss_kmeans_clusters_as_scikit_learns_on_separated_clusters(monkeypatch):
+    """From FAISS_KMEANS_FROM clusters NMI's k-means is faiss' (lowered here to 4): on 4 separated clusters it
+    recovers them (NMI 1), one label per row."""
+    from deepmetric.evaluation import metrics
+
+    pytest.importorskip("faiss")
+    monkeypatch.setattr(metrics, "FAISS_KMEANS_FROM", 4)
+    x = (np.repeat(np.eye(6)[:4] * 5, 10, axis=0) + 0.01 * np.random.default_rng(0).normal(size=(40, 6)))
+    assignments = metrics.kmeans_labels(x.astype(np.float32), 4)
+    assert assignments.shape == (40,) and len(set(assignments.tolist())) == 4
+    assert metrics.nmi_score(x, np.repeat(np.arange(4), 10)) == pytest.approx(1.0)
