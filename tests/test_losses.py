@@ -12,6 +12,7 @@ from deepmetric.errors import ConfigError
 from deepmetric.losses import (
     BinomialDevianceLoss,
     ContrastiveLoss,
+    EuclideanContrastiveLoss,
     MarginLoss,
     MultiSimilarityLoss,
     TripletLoss,
@@ -209,3 +210,21 @@ def test_unknown_loss_and_option_are_named():
         build_loss("tripplet")
     with pytest.raises(ConfigError, match="no option 'marginn'.*did you mean 'margin'"):
         build_loss("contrastive", {"marginn": 0.3})
+
+
+@pytest.mark.parametrize("squared_hinge", [False, True])
+def test_euclidean_contrastive_off_the_sphere_matches_a_slow_loop(squared_hinge):
+    """``contrastive-euclidean`` with ``unit=False`` (thesis eq. 2.9 on raw vectors, as the MNIST 2-D picture of
+    §6.4.1 trains): positives d^2, negatives max(0, m - d) (squared with ``squared_hinge``), d the Euclidean
+    distance of the unnormalised rows, averaged over all pairs."""
+    g = torch.Generator().manual_seed(7)
+    x, y = 0.7 * torch.randn(9, 3, generator=g, dtype=torch.float64), torch.arange(3).repeat_interleave(3)
+    values = []
+    for i in range(9):
+        for j in range(9):
+            if i != j:
+                d = float((x[i] - x[j]).norm())
+                hinge = max(0.0, 1.0 - d) ** (2 if squared_hinge else 1)
+                values.append(d * d if y[i] == y[j] else hinge)
+    loss = EuclideanContrastiveLoss(margin=1.0, squared_hinge=squared_hinge, unit=False)
+    assert float(loss(x, y)) == pytest.approx(sum(values) / len(values), abs=1e-10)
