@@ -12,7 +12,7 @@
 # (tools/mutation_table.py). Not part of `make test`: see docs/testing.md for the figures and the survivors.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}  # the venv of `make install-dev`
 MUTMUT=${MUTMUT:-$(dirname "$PYTHON")/mutmut}
 MUTATION_DIR=${MUTATION_DIR:-$ROOT/.mutation}
 JOBS=${JOBS:-1}  # mutants tested at once (each is one pytest process of one thread)
