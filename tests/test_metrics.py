@@ -379,3 +379,33 @@ def test_faiss_kmeans_clusters_as_scikit_learns_on_separated_clusters(monkeypatc
     assignments = metrics.kmeans_labels(x.astype(np.float32), 4)
     assert assignments.shape == (40,) and len(set(assignments.tolist())) == 4
     assert metrics.nmi_score(x, np.repeat(np.arange(4), 10)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("n_gallery", "memory_mb"), [(1, 256.0), (1000, 1.0), (12345, 64.0), (10**7, 0.5)])
+def test_a_block_of_queries_holds_three_float32_matrices_within_the_memory_budget(n_gallery, memory_mb):
+    """``block_rows_for``: the most query rows b with 3 (b, n_gallery) float32 matrices (similarities, and the
+    selection's work) within ``memory_mb``, at least 1."""
+    from deepmetric.evaluation.knn import block_rows_for
+
+    b = block_rows_for(n_gallery, memory_mb)
+    budget = memory_mb * 2**20
+    assert b >= 1 and (b == 1 or 3 * 4 * n_gallery * b <= budget) and 3 * 4 * n_gallery * (b + 1) > budget
+
+
+@pytest.mark.parametrize("self_index", [False, True])
+def test_the_faiss_engine_searches_with_faiss_and_returns_the_torch_engines_neighbours(monkeypatch, self_index):
+    """``engine="faiss"`` takes its candidates from a faiss index (not a silent fall-back to torch, which would
+    give the same answer), then re-scores them exactly: the neighbours equal the torch engine's."""
+    pytest.importorskip("faiss")
+    from deepmetric.evaluation import knn as knn_module
+
+    calls = []
+    block = knn_module._FaissSearcher.block
+    monkeypatch.setattr(knn_module._FaissSearcher, "block", lambda self, *a: calls.append(1) or block(self, *a))
+    x = torch.nn.functional.normalize(torch.randn(30, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    own = torch.arange(30) if self_index else None
+    torch_values, torch_indices = knn(x, x, 5, own, memory_mb=0.001, engine="torch")
+    faiss_values, faiss_indices = knn(x, x, 5, own, memory_mb=0.001, engine="faiss")
+    assert calls and torch.equal(faiss_indices, torch_indices)
+    assert torch.allclose(faiss_values, torch_values, atol=1e-6)
+    assert not (torch_indices == torch.arange(30)[:, None]).any() or not self_index
