@@ -165,6 +165,7 @@ def test_cli_flag_and_2d_diagnostics(tmp_path, capsys):
     assert code == 0
     summary = json.loads((out / "generator.json").read_text())
     assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0 and summary["virtual_prototypes"] == 5
+    assert summary["pictures"] == ["mirage-prototypes.png", "mirage-latent2d.png"]
     for name in ("mirage-prototypes.png", "mirage-latent2d.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -266,3 +267,71 @@ def test_the_generator_step_fools_the_discriminator(gan_loss):
     assert margins[-1] < margins[0] - 0.2, margins
     assert losses[-1] > losses[0], losses  # G pushed L_adv up
     assert not any(changed(d_before, generator.discriminator_parameters()))
+
+
+def test_noise_and_the_generators_input_follow_eq_6_2():
+    """eps ~ N(0, Sigma) with Sigma = (noise_std^2 / D) I, so E||eps||^2 = noise_std^2, drawn from the generator's
+    own seeded stream (torch's global stream does not matter); the input of G is n(p + eps), the l2-normalised sum."""
+    _, _, generator, _, _ = setup(mode="both", noise_std=0.5)
+    state = generator.noise.get_state()
+    eps = generator.sample_noise(20000)
+    assert eps.shape == (20000, 16)
+    assert float(eps.pow(2).sum(1).mean()) == pytest.approx(0.25, rel=0.03)
+    torch.manual_seed(123)
+    generator.noise.set_state(state)
+    assert torch.equal(generator.sample_noise(20000), eps)
+    p, e = generator.prototypes[:3].detach(), eps[:3]
+    torch.testing.assert_close(generator.noisy(p, e), (p + e) / (p + e).norm(dim=1, keepdim=True))
+
+
+def test_the_generator_learns_to_reconstruct_and_the_prototypes_take_their_step():
+    """Without virtual rows G minimises w_rec L_rec (eq. 6.3) alone: it falls over G steps on fixed features. After
+    a round's L_DML backward, ``step`` moves the prototypes (Adam) and clears their gradient."""
+    config, model, generator, images, labels = setup(mode="tcg", lr_generator=1e-3)
+    with torch.no_grad():
+        output = model(images)
+    features, real = output.extras["pooled"], output.embedding
+    losses = [float(generator.generator_step(features, real)["mirage_rec"]) for _ in range(20)]
+    assert losses[-1] < 0.9 * losses[0], losses
+    objective = build_objective(config.loss, model.head, NUM_CLASSES + generator.extra_classes)
+    output = model(images)
+    batch = generator.generate(output, labels)
+    objective(output, labels, batch.rows())[0].backward()
+    before = generator.prototypes.detach().clone()
+    generator.step(output, labels)
+    assert not torch.equal(before, generator.prototypes.detach()) and generator.prototypes.grad is None
+
+
+def test_the_generators_checkpoint_restores_its_state_and_noise_stream():
+    """``checkpoint_state`` / ``load_checkpoint_state``: a generator of another seed that loads the state draws the
+    same noise and virtual classes, and its next round ends with the same weights and Adam moments."""
+    _, model, generator, images, labels = setup(mode="both")
+    with torch.no_grad():
+        output = model(images)
+    for _ in range(2):
+        generator.generate(output, labels)
+        generator.step(output, labels)
+    tensors, state = generator.checkpoint_state()
+    tensors = {k: v.clone() for k, v in tensors.items()}  # as read from a file: no storage shared with generator
+    other = build_generator("mirage", {"mode": "both"}, head=model.head, num_classes=NUM_CLASSES, batch_size=12,
+                            lr=1e-3, seed=5)
+    other.load_checkpoint_state(tensors, state)
+    for g in (generator, other):
+        g.generate(output, labels)
+        g.step(output, labels)
+    a, b = generator.checkpoint_state()[0], other.checkpoint_state()[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nearest_prototype_is_virtual_counts_training_prototypes_with_a_virtual_neighbour():
+    """§6.4.1's diagnostic (80 % on CUB): the fraction of training prototypes whose nearest other prototype (cosine,
+    the embeddings being l2-normalised) is virtual; 0 without virtual classes."""
+    _, _, generator, _, _ = setup(mode="both", virtual_ratio=0.4)  # 5 training, 2 virtual prototypes
+    angle = torch.deg2rad(torch.tensor([0.0, 40.0, 80.0, 200.0, 300.0, 95.0, 205.0]))
+    with torch.no_grad():
+        generator.prototypes.zero_()
+        generator.prototypes[:, 0], generator.prototypes[:, 1] = 3 * torch.cos(angle), 3 * torch.sin(angle)
+    # nearest: 0 -> 1 (40), 1 -> 0 or 2 (40, training), 2 -> 5 (15, virtual), 3 -> 6 (5, virtual), 4 -> 0 (60)
+    assert generator.nearest_prototype_is_virtual() == pytest.approx(2 / 5)
+    _, _, plain, _, _ = setup(mode="tcg")
+    assert plain.num_virtual == 0 and plain.nearest_prototype_is_virtual() == 0.0
