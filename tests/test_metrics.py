@@ -341,10 +341,11 @@ def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
     m = retrieval_metrics(angles(0, 10, 20, 170), [0, 1, 1, 0], recall_at=(3, 50), nmi=False)  # own row removed
     assert m["recall@3"] == 1.0 and m["recall@50"] == 1.0
     with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
-        m = retrieval_metrics(angles(0, 90), [0, 7], angles(10, 100), [0, 1], recall_at=(1,), nmi=False)
-    assert m["recall@1"] == 1.0 and m["map@r"] == 1.0
+        m = retrieval_metrics(angles(0, 90, 20), [0, 7, 1], angles(10, 100, 190), [0, 1, 1], recall_at=(1,), nmi=False)
+    # q0 finds its class first; q2 (20 deg, class 1) meets 10 (class 0), then 100 (1): AP (1/2)(0 + 1/2)
+    assert m["recall@1"] == 0.5 and m["map@r"] == pytest.approx((1 + 0.25) / 2)
     assert [r.getMessage() for r in caplog.records] == [
-        "1 of 2 queries have no other item of their class in the gallery and are left out"]
+        "1 of 3 queries have no other item of their class in the gallery and are left out"]
 
 
 def test_nmi_is_null_with_a_warning_where_undefined_and_deterministic_where_defined(caplog):
@@ -374,11 +375,18 @@ def test_faiss_kmeans_clusters_as_scikit_learns_on_separated_clusters(monkeypatc
     from deepmetric.evaluation import metrics
 
     pytest.importorskip("faiss")
+    import faiss
+
     monkeypatch.setattr(metrics, "FAISS_KMEANS_FROM", 4)
+    made = []
+    monkeypatch.setattr(faiss, "Kmeans", lambda *a, k=faiss.Kmeans, **kw: made.append(a) or k(*a, **kw))
     x = (np.repeat(np.eye(6)[:4] * 5, 10, axis=0) + 0.01 * np.random.default_rng(0).normal(size=(40, 6)))
     assignments = metrics.kmeans_labels(x.astype(np.float32), 4)
     assert assignments.shape == (40,) and len(set(assignments.tolist())) == 4
     assert metrics.nmi_score(x, np.repeat(np.arange(4), 10)) == pytest.approx(1.0)
+    assert made == [(6, 4), (6, 4)]  # faiss' k-means (d = 6, 4 clusters), from exactly FAISS_KMEANS_FROM clusters on
+    metrics.kmeans_labels(x.astype(np.float32), 3)
+    assert len(made) == 2  # scikit-learn's below
 
 
 @pytest.mark.parametrize(("n_gallery", "memory_mb"), [(1, 256.0), (1000, 1.0), (12345, 64.0), (10**7, 0.5)])

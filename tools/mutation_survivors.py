@@ -24,6 +24,12 @@ def _message(old: str, new: str) -> bool:
     return bool(re.search(r"(Error|warning|warn|info)\(", old)) or bool(STRING_LINE.match(old))
 
 
+def _keyword_dropped(old: str, new: str) -> bool:
+    """``f(x, dim=1)`` -> ``f(x, )``: the call falls back on the callee's default (often the same value)."""
+    return any(re.sub(r"\s+", "", old.replace(m.group(0), "", 1)) == re.sub(r"\s+", "", new)
+               for m in re.finditer(r"\b\w+=[^,()]+(?=[,)])", old))
+
+
 RULES = [  # (class, test on the removed and added lines), first match wins
     ("message", _message),
     ("device", lambda old, new: "device" in old and ("device=None" in new or "device" not in new
@@ -32,8 +38,9 @@ RULES = [  # (class, test on the removed and added lines), first match wins
     ("zip strict", lambda old, new: "strict=" in old and "zip(" in old),
     ("persistent buffer", lambda old, new: "persistent=" in old),
     ("dtype default", lambda old, new: "dtype=" in old and ("dtype=None" in new or "dtype=" not in new)),
-    ("argument default", lambda old, new: re.search(r"\w+: [\w\[\]| .]+ = [^,)]+[,)]", old) is not None
-     and "(" not in old.split(":")[0]),
+    ("argument default", lambda old, new: old.startswith("def ") or (
+        re.search(r"\w+: [\w\[\]| .]+ = [^,)]+[,)]", old) is not None and "(" not in old.split(":")[0])),
+    ("keyword dropped", _keyword_dropped),
 ]
 
 
@@ -43,8 +50,9 @@ def classify(run: Path) -> dict[str, list[tuple[str, str, str]]]:
         for name in row["survivors"]:
             shown = subprocess.run([str(Path(sys.executable).parent / "mutmut"), "show", name], cwd=run,
                                    capture_output=True, text=True).stdout
-            old = " ".join(line[1:].strip() for line in shown.splitlines() if line.startswith("- "))
-            new = " ".join(line[1:].strip() for line in shown.splitlines() if line.startswith("+ "))
+            lines = [line for line in shown.splitlines() if not line.startswith(("---", "+++"))]
+            old = " ".join(line[1:].strip() for line in lines if line.startswith("-"))
+            new = " ".join(line[1:].strip() for line in lines if line.startswith("+"))
             kind = next((k for k, rule in RULES if old and rule(old, new)), "open")
             classes[kind].append((name, old, new))
     return classes
