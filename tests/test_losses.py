@@ -228,3 +228,19 @@ def test_euclidean_contrastive_off_the_sphere_matches_a_slow_loop(squared_hinge)
                 values.append(d * d if y[i] == y[j] else hinge)
     loss = EuclideanContrastiveLoss(margin=1.0, squared_hinge=squared_hinge, unit=False)
     assert float(loss(x, y)) == pytest.approx(sum(values) / len(values), abs=1e-10)
+
+
+def test_losses_match_slow_loops_on_classes_of_unequal_sizes():
+    """The per-anchor means (binomial deviance, multi-similarity) and the pair counts of the others differ from a
+    mean over all pairs when classes have different sizes (a P x K batch hides this): 5 / 3 / 2 / 1 images."""
+    g = torch.Generator().manual_seed(11)
+    x = F.normalize(torch.randn(11, 8, generator=g, dtype=torch.float64), dim=1)
+    y = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3])
+    assert float(BinomialDevianceLoss()(x, y)) == pytest.approx(slow_binomial(x, y), abs=1e-10)
+    assert float(BinomialDevianceLoss(cost="weight")(x, y)) == pytest.approx(slow_binomial(x, y, cost="weight"),
+                                                                            abs=1e-10)
+    assert float(MultiSimilarityLoss(mining=False)(x, y)) == pytest.approx(slow_multi_similarity(x, y), abs=1e-10)
+    assert float(ContrastiveLoss()(x, y)) == pytest.approx(slow_contrastive(x, y), abs=1e-10)
+    assert float(TripletLoss()(x, y)) == pytest.approx(slow_triplet(x, y), abs=1e-10)
+    margin = MarginLoss().double()
+    assert float(margin(x, y).detach()) == pytest.approx(slow_margin(x, y, beta=float(margin.beta)), abs=1e-10)
