@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from deepmetric.config import build_config
 from deepmetric.data.table import RetrievalTable
@@ -52,3 +53,56 @@ def record_audited_splits(monkeypatch) -> list[set[str]]:
     audited, check = [], setup.check_table
     monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
     return audited
+
+
+def checkpoint(path):
+    """(tensors, state) of a checkpoint file: ``model.*``, ``optim.*``, ``objective.*``, ``generator.*``, ``rng.*``."""
+    from deepmetric.training.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+def train_straight_and_resumed(root, steps: int = 4, stop: int = 2, **sections):
+    """Train ``tiny_config(**sections)`` for ``steps`` in one run (``root/straight``) and, in ``root/resumed``, for
+    ``stop`` steps then ``--resume`` to ``steps``. Returns the checkpoints (tensors, state) of the straight run's end,
+    of the resumed run's end and of the interrupted run at ``stop``."""
+    from deepmetric.training import train
+
+    def config(n):
+        return tiny_config(**{**sections, "train": {**sections.get("train", {}), "steps": n, "checkpoint_every": stop}})
+
+    train(config(steps), root / "straight", progress=False)
+    train(config(stop), root / "resumed", progress=False)
+    interrupted = checkpoint(root / "resumed/checkpoints/last.safetensors")
+    train(config(steps), root / "resumed", resume=True, progress=False)
+    return (checkpoint(root / "straight/checkpoints/last.safetensors"),
+            checkpoint(root / "resumed/checkpoints/last.safetensors"), interrupted)
+
+
+def assert_resumed_exactly(straight, resumed, steps: int) -> None:
+    """Every tensor of the two checkpoints is bit-identical: the model, the optimiser (moments, step counts), the
+    objective's and the generator's parameters and optimisers, the generator's noise stream. torch's global stream
+    (``rng.torch``) is left out: the data loader draws its base seed from it when a run (re)starts."""
+    (a, a_state), (b, b_state) = straight, resumed
+    assert a_state["step"] == b_state["step"] == steps
+    assert a.keys() == b.keys()
+    assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.") for k in a)
+    different = [k for k in a if k != "rng.torch" and not torch.equal(a[k], b[k])]
+    assert not different, f"differ after resuming: {different[:8]}"
+
+
+def assert_trained_metrics_are_evaluates(run_dir, capsys) -> dict:
+    """The test metrics ``train`` wrote (``RUN/metrics.json``) are finite and in [0, 1], and equal what
+    ``deepmetric evaluate RUN --json`` recomputes from the checkpoint; returns them."""
+    import json
+    import math
+
+    from deepmetric.cli import main
+
+    capsys.readouterr()
+    record = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    assert {"recall@1", "map@r", "r_precision"} <= set(record)
+    assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in record.values() if v is not None), record
+    assert main(["evaluate", str(run_dir), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out) == record
+    return record

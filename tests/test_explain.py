@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from PIL import Image
@@ -73,9 +75,47 @@ def test_explain_on_a_head_without_attention_is_one_clear_error(tmp_path, image_
     assert code == 2 and "needs --images PATH" in err
 
 
+def edit_map(attention: torch.Tensor, k: int) -> torch.Tensor:
+    """Map ``k`` of (B, P, h, w) maps with the half of its rows that does not hold its peak set to the lowest weight
+    of all maps: the colour scale (lowest to highest weight) and every caption's peak stay as they were."""
+    maps = attention.clone()
+    for b in range(len(maps)):
+        h = maps.shape[2]
+        peak_row = int(maps[b, k].flatten().argmax()) // maps.shape[3]
+        rows = slice(h // 2, h) if peak_row < h // 2 else slice(0, h // 2)
+        maps[b, k, rows] = attention[b].min()
+    return maps
+
+
+def overlay_with(monkeypatch, tiles, run_dir, image, out, edit=None):
+    """explain_images' overlay of ``image`` as pixels (H, W, 3), with the run's attention edited by ``edit``; the
+    figure's panels are appended to ``tiles`` (matplotlib axes, input first)."""
+    import numpy as np
+
+    import deepmetric.viz.explain as explain
+
+    def load(*args, **kwargs):
+        model, config, path = load_run_model(*args, **kwargs)
+        if edit is not None:
+            forward = model.forward
+            model.forward = lambda images: dataclasses.replace(out := forward(images), attention=edit(out.attention))
+        return model, config, path
+
+    monkeypatch.setattr(explain, "load_run_model", load)
+    [path] = explain_images(run_dir, image, out, progress=False)
+    with Image.open(path) as png:
+        return np.asarray(png.convert("RGB"), dtype=np.int16)
+
+
 @pytest.mark.parametrize("head", sorted(HEADS))
-def test_explain_serves_every_registered_head(head, tmp_path, image_folder):
-    """Each head either has its maps drawn (whatever its number of maps) or gets the one error."""
+def test_explain_serves_every_registered_head(head, tmp_path, image_folder, monkeypatch):
+    """Each head either gets the one error, or has its maps drawn (eq. 10: upsampled over the image), one panel per
+    map after the input: editing the weights of one map (the first, then the last) changes the figure inside that
+    map's panel and nowhere else, and rendering the same maps again gives the same pixels."""
+    import numpy as np
+
+    import deepmetric.viz.overlays as overlays
+
     run_dir = tmp_path / "run"
     train(tiny_config(model={"head": head}, train={"steps": 1}), run_dir, progress=False)
     model, _, _ = load_run_model(run_dir)
@@ -84,9 +124,22 @@ def test_explain_serves_every_registered_head(head, tmp_path, image_folder):
         with pytest.raises(DeepMetricError, match=f"head '{head}' returns no attention maps"):
             explain_images(run_dir, image_folder / "a.png", tmp_path / "out", progress=False)
         assert not (tmp_path / "out").exists()
-    else:
-        written = explain_images(run_dir, image_folder / "a.png", tmp_path / "out", progress=False)
-        assert [p.name for p in written] == ["a.png"] and png_sizes(tmp_path / "out")["a.png"][0] > 0
+        return
+    tiles, tile = [], overlays._tile
+    monkeypatch.setattr(overlays, "_tile", lambda axes, *args: tiles.append(axes) or tile(axes, *args))
+    image = image_folder / "a.png"
+    plain = overlay_with(monkeypatch, tiles, run_dir, image, tmp_path / "plain")
+    panels = len(tiles)
+    assert panels == attention.shape[1] + 1  # the input, then one panel per map
+    assert np.array_equal(overlay_with(monkeypatch, tiles, run_dir, image, tmp_path / "again"), plain)
+    height = plain.shape[0]
+    for k in sorted({0, attention.shape[1] - 1}):
+        edited = overlay_with(monkeypatch, tiles, run_dir, image, tmp_path / f"edit{k}", lambda a, k=k: edit_map(a, k))
+        ys, xs = np.nonzero((edited != plain).any(axis=2))
+        assert len(xs) > 0, f"editing map {k + 1} left the figure unchanged"
+        box = tiles[-panels + k + 1].get_window_extent()  # map k's panel, in pixels from the bottom left
+        assert box.x0 - 1 <= xs.min() and xs.max() <= box.x1 + 1, (k, xs.min(), xs.max(), box)
+        assert box.y0 - 1 <= height - 1 - ys.max() and height - 1 - ys.min() <= box.y1 + 1, (k, box)
 
 
 def test_upsample_is_bilinear_to_the_image_size():

@@ -142,6 +142,7 @@ def test_jcf_option_errors():
 def test_jcf_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     from deepmetric.cli import main
     from deepmetric.training.run_dir import load_run_model
+    from helpers import assert_trained_metrics_are_evaluates
     from test_cli import TINY
 
     out = tmp_path / "run"
@@ -149,5 +150,6 @@ def test_jcf_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
                  "model.head_options.rank=2", "model.head_options.reduce_dim=6",
                  "model.head_options.init_images=40"]) == 0
     assert "trained (last, step 4)" in capsys.readouterr().out
+    assert_trained_metrics_are_evaluates(out, capsys)  # finite, and what `deepmetric evaluate` recomputes
     model, _, _ = load_run_model(out, "last")
     assert model.head.rank == 2 and float(model.head.alpha) != 1.0  # the k-means-initialised α was saved

@@ -12,6 +12,7 @@ from deepmetric.errors import ConfigError
 from deepmetric.losses import (
     BinomialDevianceLoss,
     ContrastiveLoss,
+    EuclideanContrastiveLoss,
     MarginLoss,
     MultiSimilarityLoss,
     TripletLoss,
@@ -98,10 +99,13 @@ def slow_multi_similarity(x, y, alpha=2.0, beta=50.0, base=0.5, mining=False, ep
 
 
 def slow_margin(x, y, margin=0.2, beta=1.2):
+    """Wu et al.'s margin loss (thesis eq. 2.11's distance), pair by pair; ``beta`` is one boundary or a list of
+    one per class, the anchor's (row i's) class choosing it."""
     active, total = 0, 0.0
-    for _, _, s, same in pairs(x, y):
+    for i, _, s, same in pairs(x, y):
+        b = beta[int(y[i])] if isinstance(beta, list) else beta
         d = math.sqrt(max(2 - 2 * s, 1e-12))
-        value = max(0.0, margin + d - beta) if same else max(0.0, margin + beta - d)
+        value = max(0.0, margin + d - b) if same else max(0.0, margin + b - d)
         total += value
         active += value > 0
     return total / max(active, 1)
@@ -175,6 +179,25 @@ def test_perfect_embeddings_give_zero_hinge_losses():
     assert float(MarginLoss(beta=1.2).double()(x, y).detach()) == 0.0  # d_pos = 0 < 1.0, d_neg = sqrt(2) > 1.4
 
 
+def test_margin_per_class_boundaries_match_a_slow_loop_with_the_anchors_class():
+    """``per_class=True``: each pair's boundary is beta of its anchor's class (Wu et al. 2017, eq. 4's beta^(class)),
+    and ``nu`` adds nu times the mean of the boundaries used. Distinct betas, labels 1..4 of 5 classes in a
+    shuffled order, so neither class 0's boundary nor one shared boundary can give the slow loop's value."""
+    x, y = batch(n_classes=4, per_class=3, seed=6)
+    y = (y + 1)[torch.randperm(len(y), generator=torch.Generator().manual_seed(0))]
+    betas = [0.6, 0.9, 1.1, 1.3, 1.5]
+    loss = MarginLoss(per_class=True, num_classes=5).double()
+    with torch.no_grad():
+        loss.beta.copy_(torch.tensor(betas, dtype=torch.float64))
+    expected = slow_margin(x, y, beta=betas)
+    assert float(loss(x, y).detach()) == pytest.approx(expected, abs=1e-10)
+    for shared in (betas[0], sum(betas) / 5):  # what a loss ignoring the classes would give
+        assert abs(slow_margin(x, y, beta=shared) - expected) > 1e-3
+    loss.nu = 0.1
+    used = sum(betas[int(c)] for c in y) / len(y)
+    assert float(loss(x, y).detach()) == pytest.approx(expected + 0.1 * used, abs=1e-10)
+
+
 def test_margin_per_class_beta_receives_gradient_only_for_present_classes():
     x, y = batch(n_classes=3, per_class=3, dtype=torch.float32)
     loss = MarginLoss(per_class=True, num_classes=5)
@@ -187,3 +210,37 @@ def test_unknown_loss_and_option_are_named():
         build_loss("tripplet")
     with pytest.raises(ConfigError, match="no option 'marginn'.*did you mean 'margin'"):
         build_loss("contrastive", {"marginn": 0.3})
+
+
+@pytest.mark.parametrize("squared_hinge", [False, True])
+def test_euclidean_contrastive_off_the_sphere_matches_a_slow_loop(squared_hinge):
+    """``contrastive-euclidean`` with ``unit=False`` (thesis eq. 2.9 on raw vectors, as the MNIST 2-D picture of
+    §6.4.1 trains): positives d^2, negatives max(0, m - d) (squared with ``squared_hinge``), d the Euclidean
+    distance of the unnormalised rows, averaged over all pairs."""
+    g = torch.Generator().manual_seed(7)
+    x, y = 0.7 * torch.randn(9, 3, generator=g, dtype=torch.float64), torch.arange(3).repeat_interleave(3)
+    values = []
+    for i in range(9):
+        for j in range(9):
+            if i != j:
+                d = float((x[i] - x[j]).norm())
+                hinge = max(0.0, 1.0 - d) ** (2 if squared_hinge else 1)
+                values.append(d * d if y[i] == y[j] else hinge)
+    loss = EuclideanContrastiveLoss(margin=1.0, squared_hinge=squared_hinge, unit=False)
+    assert float(loss(x, y)) == pytest.approx(sum(values) / len(values), abs=1e-10)
+
+
+def test_losses_match_slow_loops_on_classes_of_unequal_sizes():
+    """The per-anchor means (binomial deviance, multi-similarity) and the pair counts of the others differ from a
+    mean over all pairs when classes have different sizes (a P x K batch hides this): 5 / 3 / 2 / 1 images."""
+    g = torch.Generator().manual_seed(11)
+    x = F.normalize(torch.randn(11, 8, generator=g, dtype=torch.float64), dim=1)
+    y = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3])
+    assert float(BinomialDevianceLoss()(x, y)) == pytest.approx(slow_binomial(x, y), abs=1e-10)
+    assert float(BinomialDevianceLoss(cost="weight")(x, y)) == pytest.approx(slow_binomial(x, y, cost="weight"),
+                                                                            abs=1e-10)
+    assert float(MultiSimilarityLoss(mining=False)(x, y)) == pytest.approx(slow_multi_similarity(x, y), abs=1e-10)
+    assert float(ContrastiveLoss()(x, y)) == pytest.approx(slow_contrastive(x, y), abs=1e-10)
+    assert float(TripletLoss()(x, y)) == pytest.approx(slow_triplet(x, y), abs=1e-10)
+    margin = MarginLoss().double()
+    assert float(margin(x, y).detach()) == pytest.approx(slow_margin(x, y, beta=float(margin.beta.detach())), abs=1e-10)

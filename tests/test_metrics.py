@@ -299,3 +299,121 @@ def test_kmeans_without_faiss_warns_from_the_cluster_count_where_it_would_use_fa
     assert [r.getMessage() for r in caplog.records] == [
         "NMI: k-means with 8 clusters by scikit-learn, because faiss is not installed; this is slow "
         "(pip install faiss-cpu, or eval.nmi=false)"]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: retrieval_metrics(np.ones(4), [0, 0, 1, 1]),
+     r"^query embeddings must be a 2-D array \(n, D\), got shape \(4,\)$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.zeros((0, 2)), []), r"^gallery embeddings are empty \(0 rows\)$"),
+    (lambda: retrieval_metrics(np.eye(2), ["a", "a"]),
+     r"^query labels must be integer class labels, got an array of <U1 \(map names to integers first\)$"),
+    (lambda: retrieval_metrics(np.eye(2), [0.0, 0.5]), r"^query labels must be integer class labels$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2), [0, 0, 1]), r"^gallery labels has 3 entries for 2"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], gallery_labels=[0, 0]),
+     r"^gallery labels given without gallery embeddings$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2)), r"^gallery embeddings given without gallery labels$"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(3), [0, 0, 1]),
+     r"^query embeddings have 2 dimensions, gallery embeddings 3$"),
+    (lambda: retrieval_metrics(np.eye(3), [0, 1, 2]),
+     r"^no query has another item of its class in the gallery; nothing to retrieve$"),
+])
+def test_each_bad_input_gets_its_own_message_naming_the_argument(call, message):
+    with pytest.raises(DeepMetricError, match=message):
+        call()
+
+
+def test_labels_may_be_integral_floats_or_tensors_and_one_query_is_enough():
+    x, y = angles(0, 10, 50, 20, 30), [0, 0, 0, 1, 1]
+    expected = retrieval_metrics(x, y, recall_at=(1, 2), nmi=False)
+    for labels in (np.array(y, dtype=np.float64), torch.tensor(y, dtype=torch.float32), torch.tensor(y)):
+        assert retrieval_metrics(torch.tensor(x), labels, recall_at=(1, 2), nmi=False) == expected
+    one = retrieval_metrics(angles(0), [1], angles(5, 60), [1, 0], recall_at=(1,), nmi=False)  # a 1-row query
+    assert one == {"recall@1": 1.0, "map@r": 1.0, "r_precision": 1.0}
+
+
+def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
+    """K larger than the gallery: every item is searched, the last one included (own row excluded when there is
+    no gallery); a query whose class is absent from the gallery (even a label above all of the gallery's) is left
+    out, with a warning that counts it."""
+    # q (0 deg, class 0) meets its only positive last, at rank 3 of 3
+    m = retrieval_metrics(angles(0), [0], angles(10, 20, 170), [1, 1, 0], recall_at=(1, 2, 3, 50), nmi=False)
+    assert [m[f"recall@{k}"] for k in (1, 2, 3, 50)] == [0.0, 0.0, 1.0, 1.0]
+    m = retrieval_metrics(angles(0, 10, 20, 170), [0, 1, 1, 0], recall_at=(3, 50), nmi=False)  # own row removed
+    assert m["recall@3"] == 1.0 and m["recall@50"] == 1.0
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        m = retrieval_metrics(angles(0, 90, 20), [0, 7, 1], angles(10, 100, 190), [0, 1, 1], recall_at=(1,), nmi=False)
+    # q0 finds its class first; q2 (20 deg, class 1) meets 10 (class 0), then 100 (1): AP (1/2)(0 + 1/2)
+    assert m["recall@1"] == 0.5 and m["map@r"] == pytest.approx((1 + 0.25) / 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 of 3 queries have no other item of their class in the gallery and are left out"]
+
+
+def test_nmi_is_null_with_a_warning_where_undefined_and_deterministic_where_defined(caplog):
+    """NMI needs 2 or more query classes and fewer classes than queries: else None and one warning naming the
+    counts; where it is defined it is a number, no warning, and the same at every call (k-means from seed 0)."""
+    gallery, gallery_labels = angles(0, 5, 90, 95), [0, 0, 1, 1]
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        every_query_its_class = retrieval_metrics(angles(1, 91), [0, 1], gallery, gallery_labels)
+        one_class = retrieval_metrics(angles(1, 3), [0, 0], gallery, gallery_labels)
+    assert every_query_its_class["nmi"] is None and one_class["nmi"] is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "NMI is undefined here (the 2 queries hold 2 classes; it needs 2 or more, and fewer classes than queries): "
+        "reported as null",
+        "NMI is undefined here (the 2 queries hold 1 classes; it needs 2 or more, and fewer classes than queries): "
+        "reported as null"]
+    caplog.clear()
+    x = np.random.default_rng(3).normal(size=(40, 6))  # no cluster structure: k-means depends on its start
+    y = np.arange(40) % 8
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        scores = {retrieval_metrics(x, y, recall_at=(1,))["nmi"] for _ in range(3)}
+    assert len(scores) == 1 and 0.0 < scores.pop() < 1.0 and not caplog.records
+
+
+def test_faiss_kmeans_clusters_as_scikit_learns_on_separated_clusters(monkeypatch):
+    """From FAISS_KMEANS_FROM clusters NMI's k-means is faiss' (lowered here to 4): on 4 separated clusters it
+    recovers them (NMI 1), one label per row."""
+    from deepmetric.evaluation import metrics
+
+    pytest.importorskip("faiss")
+    import faiss
+
+    monkeypatch.setattr(metrics, "FAISS_KMEANS_FROM", 4)
+    made = []
+    monkeypatch.setattr(faiss, "Kmeans", lambda *a, k=faiss.Kmeans, **kw: made.append(a) or k(*a, **kw))
+    x = (np.repeat(np.eye(6)[:4] * 5, 10, axis=0) + 0.01 * np.random.default_rng(0).normal(size=(40, 6)))
+    assignments = metrics.kmeans_labels(x.astype(np.float32), 4)
+    assert assignments.shape == (40,) and len(set(assignments.tolist())) == 4
+    assert metrics.nmi_score(x, np.repeat(np.arange(4), 10)) == pytest.approx(1.0)
+    assert made == [(6, 4), (6, 4)]  # faiss' k-means (d = 6, 4 clusters), from exactly FAISS_KMEANS_FROM clusters on
+    metrics.kmeans_labels(x.astype(np.float32), 3)
+    assert len(made) == 2  # scikit-learn's below
+
+
+@pytest.mark.parametrize(("n_gallery", "memory_mb"), [(1, 256.0), (1000, 1.0), (12345, 64.0), (10**7, 0.5)])
+def test_a_block_of_queries_holds_three_float32_matrices_within_the_memory_budget(n_gallery, memory_mb):
+    """``block_rows_for``: the most query rows b with 3 (b, n_gallery) float32 matrices (similarities, and the
+    selection's work) within ``memory_mb``, at least 1."""
+    from deepmetric.evaluation.knn import block_rows_for
+
+    b = block_rows_for(n_gallery, memory_mb)
+    budget = memory_mb * 2**20
+    assert b >= 1 and (b == 1 or 3 * 4 * n_gallery * b <= budget) and 3 * 4 * n_gallery * (b + 1) > budget
+
+
+@pytest.mark.parametrize("self_index", [False, True])
+def test_the_faiss_engine_searches_with_faiss_and_returns_the_torch_engines_neighbours(monkeypatch, self_index):
+    """``engine="faiss"`` takes its candidates from a faiss index (not a silent fall-back to torch, which would
+    give the same answer), then re-scores them exactly: the neighbours equal the torch engine's."""
+    pytest.importorskip("faiss")
+    from deepmetric.evaluation import knn as knn_module
+
+    calls = []
+    block = knn_module._FaissSearcher.block
+    monkeypatch.setattr(knn_module._FaissSearcher, "block", lambda self, *a: calls.append(1) or block(self, *a))
+    x = torch.nn.functional.normalize(torch.randn(30, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    own = torch.arange(30) if self_index else None
+    torch_values, torch_indices = knn(x, x, 5, own, memory_mb=0.001, engine="torch")
+    faiss_values, faiss_indices = knn(x, x, 5, own, memory_mb=0.001, engine="faiss")
+    assert calls and torch.equal(faiss_indices, torch_indices)
+    assert torch.allclose(faiss_values, torch_values, atol=1e-6)
+    assert not (torch_indices == torch.arange(30)[:, None]).any() or not self_index

@@ -131,22 +131,15 @@ def test_with_generation_off_training_is_the_plain_pipeline(tmp_path, options):
     assert any(k.startswith("generator.") for k in tensors)
 
 
-def test_mirage_changes_training_and_resumes_exactly(tmp_path):
-    config = tiny_config(train={"steps": 4, "checkpoint_every": 2}, generator={"name": "mirage"})
-    train(config, tmp_path / "straight", progress=False)
-    train(tiny_config(train={"steps": 2, "checkpoint_every": 2}, generator={"name": "mirage"}), tmp_path / "resumed",
-          progress=False)
-    train(config, tmp_path / "resumed", resume=True, progress=False)
-    _, a, _ = model_tensors(tmp_path / "straight/checkpoints/last.safetensors")
-    _, b, state = model_tensors(tmp_path / "resumed/checkpoints/last.safetensors")
-    assert state["step"] == 4 and a.keys() == b.keys()
-    # model, optimiser, generator, its optimisers, its noise stream (torch's global stream is not compared: the data
-    # loader draws its base seed from it when a run (re)starts, in plain runs as well)
-    assert all(torch.equal(a[k], b[k]) for k in a if k != "rng.torch")
+def test_mirage_changes_training_and_logs_its_terms(tmp_path):
+    """(Its exact resumption, generator state and noise stream included, is in test_resume.py.)"""
+    config = tiny_config(train={"steps": 4}, generator={"name": "mirage", "options": {"diagnostic_images": 0}})
+    train(config, tmp_path / "mirage", progress=False)
     train(tiny_config(train={"steps": 4}), tmp_path / "plain", progress=False)
+    _, a, _ = model_tensors(tmp_path / "mirage/checkpoints/last.safetensors")
     _, c, _ = model_tensors(tmp_path / "plain/checkpoints/last.safetensors")
     assert not torch.equal(a["model.head.embed.weight"], c["model.head.embed.weight"])
-    log = [json.loads(line) for line in (tmp_path / "straight/metrics.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (tmp_path / "mirage/metrics.jsonl").read_text().splitlines()]
     assert all({"mirage_rec", "mirage_disc", "mirage_adv_g"} <= set(r) for r in log if "loss" in r)
 
 
@@ -172,6 +165,7 @@ def test_cli_flag_and_2d_diagnostics(tmp_path, capsys):
     assert code == 0
     summary = json.loads((out / "generator.json").read_text())
     assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0 and summary["virtual_prototypes"] == 5
+    assert summary["pictures"] == ["mirage-prototypes.png", "mirage-latent2d.png"]
     for name in ("mirage-prototypes.png", "mirage-latent2d.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -201,3 +195,143 @@ def test_the_discriminator_learns_when_its_learning_rate_allows():
         losses.append(float(generator.step(output, labels)["mirage_disc"]))
     assert losses[0] == pytest.approx(chance, rel=0.05)
     assert min(losses) < 0.3 * chance
+
+
+def adversarial_state(generator, real, labels):
+    """D's view of the round's fixed inputs: (margin, L_adv). The margin is mean D_g logit of the real embeddings
+    minus that of the virtual examples x~_v = E(G(n(p_v + eps))) (eq. 6.2; D_g's sigmoid ranks them the same way);
+    L_adv is §6.3.4's adversarial loss (the unnumbered equation after eq. 6.3), recomputed by hand."""
+    import torch.nn.functional as F
+
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
+        real_logit, real_class = generator.discriminate(real)
+        fake_logit, fake_class = generator.discriminate(fake)
+        l_adv = (F.softplus(-real_logit).mean() + F.softplus(fake_logit).mean()  # -log D_g(real) - log(1 - D_g(fake))
+                 + F.cross_entropy(real_class, labels) + F.cross_entropy(fake_class, rows))
+    return float(real_logit.mean() - fake_logit.mean()), float(l_adv)
+
+
+def fixed_round(**options):
+    """One alternating round's fixed inputs: real embeddings/features of a fixed batch, and x~_v's rows and noise."""
+    _, model, generator, images, labels = setup(mode="both", **options)
+    with torch.no_grad():
+        output = model(images)
+    generator.generate(output, labels)  # draws the virtual rows and their noise (kept in generator._virtual)
+    return generator, output.extras["pooled"], output.embedding, labels
+
+
+def test_the_discriminator_step_scores_real_above_generated():
+    """D minimises L_adv (§6.3.4, -log D_g(E(f_t)) - log(1 - D_g(x~_v)) - ...): on fixed inputs each D step lowers
+    L_adv, and D comes to score the real embeddings above the generated ones (D_g(real) > 1/2 > D_g(x~_v)), from
+    a start where it cannot tell them apart. Swapping the real/fake targets makes the margin negative."""
+    generator, _, real, labels = fixed_round(lr_discriminator=1e-3)
+    margin, l_adv = adversarial_state(generator, real, labels)
+    assert abs(margin) < 0.1  # a fresh D: no preference
+    history, reported = [(margin, l_adv)], []
+    for _ in range(30):
+        reported.append(float(generator.discriminator_step(real, labels)))
+        history.append(adversarial_state(generator, real, labels))
+    margins, losses = zip(*history, strict=True)
+    assert margins[-1] > 1.0 and margins[-1] > margins[0] + 1.0, margins
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses  # L_adv falls at every D step
+    assert reported == pytest.approx(losses[:-1], rel=1e-5)  # each step minimised the L_adv of its inputs
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
+        assert (torch.sigmoid(generator.discriminate(real)[0]) > 0.5).all()
+        assert (torch.sigmoid(generator.discriminate(fake)[0]) < 0.5).all()
+
+
+@pytest.mark.parametrize("gan_loss", ["minimax", "nonsaturating"])
+def test_the_generator_step_fools_the_discriminator(gan_loss):
+    """G maximises L_adv with D fixed (§6.3.5; ``nonsaturating`` minimises -log D_g(x~_v) - log(1 - D_c(x~_v)[y_v])
+    instead, which points the same way): after D has learnt to tell real from generated, each G step (reconstruction
+    weight 0, so only the adversarial term acts) lowers D's margin real - generated and raises L_adv, and D's
+    weights do not move. With the generator's sign flipped, G would help D: the margin would grow."""
+    generator, features, real, labels = fixed_round(lr_discriminator=1e-3, lr_generator=1e-3, gan_loss=gan_loss,
+                                                    reconstruction_weight=0.0)
+    for _ in range(30):
+        generator.discriminator_step(real, labels)
+    d_before = snapshot(generator.discriminator_parameters())
+    history = [adversarial_state(generator, real, labels)]
+    assert history[0][0] > 1.0  # D prefers the real embeddings
+    for _ in range(10):
+        terms = generator.generator_step(features, real)
+        history.append(adversarial_state(generator, real, labels))
+        if gan_loss == "minimax":  # the logged term is L_adv's generated half, before the step
+            assert float(terms["mirage_adv_g"]) > 0
+    margins, losses = zip(*history, strict=True)
+    assert all(b < a for a, b in zip(margins, margins[1:], strict=False)), margins  # it falls at every G step
+    assert margins[-1] < margins[0] - 0.2, margins
+    assert losses[-1] > losses[0], losses  # G pushed L_adv up
+    assert not any(changed(d_before, generator.discriminator_parameters()))
+
+
+def test_noise_and_the_generators_input_follow_eq_6_2():
+    """eps ~ N(0, Sigma) with Sigma = (noise_std^2 / D) I, so E||eps||^2 = noise_std^2, drawn from the generator's
+    own seeded stream (torch's global stream does not matter); the input of G is n(p + eps), the l2-normalised sum."""
+    _, _, generator, _, _ = setup(mode="both", noise_std=0.5)
+    state = generator.noise.get_state()
+    eps = generator.sample_noise(20000)
+    assert eps.shape == (20000, 16)
+    assert float(eps.pow(2).sum(1).mean()) == pytest.approx(0.25, rel=0.03)
+    torch.manual_seed(123)
+    generator.noise.set_state(state)
+    assert torch.equal(generator.sample_noise(20000), eps)
+    p, e = generator.prototypes[:3].detach(), eps[:3]
+    torch.testing.assert_close(generator.noisy(p, e), (p + e) / (p + e).norm(dim=1, keepdim=True))
+
+
+def test_the_generator_learns_to_reconstruct_and_the_prototypes_take_their_step():
+    """Without virtual rows G minimises w_rec L_rec (eq. 6.3) alone: it falls over G steps on fixed features. After
+    a round's L_DML backward, ``step`` moves the prototypes (Adam) and clears their gradient."""
+    config, model, generator, images, labels = setup(mode="tcg", lr_generator=1e-3)
+    with torch.no_grad():
+        output = model(images)
+    features, real = output.extras["pooled"], output.embedding
+    losses = [float(generator.generator_step(features, real)["mirage_rec"]) for _ in range(20)]
+    assert losses[-1] < 0.9 * losses[0], losses
+    objective = build_objective(config.loss, model.head, NUM_CLASSES + generator.extra_classes)
+    output = model(images)
+    batch = generator.generate(output, labels)
+    objective(output, labels, batch.rows())[0].backward()
+    before = generator.prototypes.detach().clone()
+    generator.step(output, labels)
+    assert not torch.equal(before, generator.prototypes.detach()) and generator.prototypes.grad is None
+
+
+def test_the_generators_checkpoint_restores_its_state_and_noise_stream():
+    """``checkpoint_state`` / ``load_checkpoint_state``: a generator of another seed that loads the state draws the
+    same noise and virtual classes, and its next round ends with the same weights and Adam moments."""
+    _, model, generator, images, labels = setup(mode="both")
+    with torch.no_grad():
+        output = model(images)
+    for _ in range(2):
+        generator.generate(output, labels)
+        generator.step(output, labels)
+    tensors, state = generator.checkpoint_state()
+    tensors = {k: v.clone() for k, v in tensors.items()}  # as read from a file: no storage shared with generator
+    other = build_generator("mirage", {"mode": "both"}, head=model.head, num_classes=NUM_CLASSES, batch_size=12,
+                            lr=1e-3, seed=5)
+    other.load_checkpoint_state(tensors, state)
+    for g in (generator, other):
+        g.generate(output, labels)
+        g.step(output, labels)
+    a, b = generator.checkpoint_state()[0], other.checkpoint_state()[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nearest_prototype_is_virtual_counts_training_prototypes_with_a_virtual_neighbour():
+    """§6.4.1's diagnostic (80 % on CUB): the fraction of training prototypes whose nearest other prototype (cosine,
+    the embeddings being l2-normalised) is virtual; 0 without virtual classes."""
+    _, _, generator, _, _ = setup(mode="both", virtual_ratio=0.4)  # 5 training, 2 virtual prototypes
+    angle = torch.deg2rad(torch.tensor([0.0, 40.0, 80.0, 200.0, 300.0, 95.0, 205.0]))
+    with torch.no_grad():
+        generator.prototypes.zero_()
+        generator.prototypes[:, 0], generator.prototypes[:, 1] = 3 * torch.cos(angle), 3 * torch.sin(angle)
+    # nearest: 0 -> 1 (40), 1 -> 0 or 2 (40, training), 2 -> 5 (15, virtual), 3 -> 6 (5, virtual), 4 -> 0 (60)
+    assert generator.nearest_prototype_is_virtual() == pytest.approx(2 / 5)
+    _, _, plain, _, _ = setup(mode="tcg")
+    assert plain.num_virtual == 0 and plain.nearest_prototype_is_virtual() == 0.0

@@ -102,3 +102,29 @@ def test_optimizer_groups_scales_and_weight_decay():
     bad = tiny_config(train={"groups": {"queries": {"lr_scale": 2}}})
     with pytest.raises(ConfigError, match="parameter groups are"):
         build_optimizer(model, objective, bad.train)
+
+
+@pytest.mark.parametrize(("on", "reduction"), [("parts", "mean"), ("parts", "sum"), ("embedding", "mean")])
+def test_generated_rows_join_the_batch_cut_into_the_parts(on, reduction):
+    """Generated rows (MIRAGE, thesis eq. 6.2: x~ in the embedding space) join the metric loss with their labels:
+    on the embedding they are appended as they are; per part, each row is cut into the parts' widths (3, 2, 4
+    here), each piece l2-normalised like a part, and appended to its part; labels follow the rows."""
+    g = torch.Generator().manual_seed(5)
+    parts = [F.normalize(torch.randn(6, d, generator=g), dim=1) for d in (3, 2, 4)]
+    output = HeadOutput(embedding=F.normalize(torch.cat(parts, dim=1), dim=1), parts=parts)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    extra, extra_labels = torch.randn(4, 9, generator=g), torch.tensor([3, 3, 1, 0])
+    losses = [ContrastiveLoss(margin=0.1), ContrastiveLoss(margin=0.3), ContrastiveLoss(margin=0.2)]
+    both = torch.cat([labels, extra_labels])
+    if on == "embedding":
+        objective = Objective(losses[0], on="embedding")
+        expected = float(losses[0](torch.cat([output.embedding, extra]), both))
+    else:
+        objective = Objective(losses, on="parts", parts_reduction=reduction)
+        pieces = (extra[:, :3], extra[:, 3:5], extra[:, 5:])
+        per_part = [float(loss(torch.cat([p, F.normalize(q, dim=1)]), both))
+                    for loss, p, q in zip(losses, parts, pieces, strict=True)]
+        expected = sum(per_part) / (3 if reduction == "mean" else 1)
+    total, terms = objective(output, labels, (extra, extra_labels))
+    assert float(terms["metric"]) == pytest.approx(expected, abs=1e-6)
+    assert float(terms["metric"]) != pytest.approx(float(objective(output, labels)[1]["metric"]), abs=1e-4)

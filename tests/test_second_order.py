@@ -145,12 +145,14 @@ def test_bad_combinations_are_named():
 
 def test_bilinear_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     from deepmetric.cli import main
+    from helpers import assert_trained_metrics_are_evaluates
     from test_cli import TINY
 
     out = tmp_path / "run"
     assert main(["train", *TINY, "--head", "bilinear", "--out", str(out), "model.head_options.reduce_dim=6",
                  "model.head_options.matrix_norm=newton_schulz"]) == 0
     assert "trained (last, step 4)" in capsys.readouterr().out
+    assert_trained_metrics_are_evaluates(out, capsys)  # finite, and what `deepmetric evaluate` recomputes
 
 
 def test_gap_head_can_pool_the_trunk_features_as_a_first_order_control():
@@ -162,3 +164,47 @@ def test_gap_head_can_pool_the_trunk_features_as_a_first_order_control():
     assert torch.allclose(model(images).embedding, expected, atol=1e-6)
     assert not list(model.head.tail.parameters())
     assert create_model("tiny", pretrained=False, embedding_dim=8, split="stage2").head.feature_channels == 32
+
+
+def test_matrix_functions_treat_a_batch_as_its_matrices_one_by_one():
+    """A head pools one matrix per image, so eq. 3.28's ``U Δ^α U^T`` (and its custom backward, fed an upstream
+    gradient that is not symmetric) and Newton-Schulz (eq. 3.42, each matrix normalised by its own trace) on a
+    (B, c, c) batch equal the same functions applied matrix by matrix."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 5, 7, generator=g, dtype=torch.float64)
+    sigma = a @ a.transpose(-1, -2) / 7 * torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)[:, None, None]
+    weights = torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+    for f in (lambda s: matrix_power(s, 0.5), lambda s: matrix_power(s, 0.3),
+              lambda s: newton_schulz_sqrt(s, iterations=8)):
+        batch = sigma.clone().requires_grad_()
+        out = f(batch)
+        (out * weights).sum().backward()
+        for i in range(3):
+            one = sigma[i].clone().requires_grad_()
+            single = f(one)
+            (single * weights[i]).sum().backward()
+            assert torch.allclose(out[i], single, atol=1e-10) and torch.allclose(batch.grad[i], one.grad, atol=1e-9)
+
+
+def test_signed_sqrt_is_shifted_to_zero_at_zero():
+    """``sign(v) (sqrt(|v| + eps) - sqrt(eps))`` (the element-wise normalisation after eq. 3.28), with an eps large
+    enough to see: odd, 0 at 0, and sqrt(|v| + eps) - sqrt(eps) elsewhere."""
+    v = torch.tensor([-4.0, 0.0, 9.0], dtype=torch.float64)
+    expected = torch.tensor([-(4.01**0.5 - 0.1), 0.0, 9.01**0.5 - 0.1], dtype=torch.float64)
+    assert torch.allclose(signed_sqrt(v, eps=0.01), expected, atol=1e-12)
+
+
+def test_tensor_sketch_hashes_are_a_function_of_its_seed_and_not_saved():
+    """TensorSketch's count-sketch hashes and signs (Pham & Pagh) are drawn from its own seeded stream, whatever
+    torch's global stream holds, so they are rebuilt identically and kept out of checkpoints; the hashes reach every
+    one of the D bins and the signs are +-1."""
+    torch.manual_seed(1)
+    a = TensorSketch(400, 16, seed=3)
+    torch.manual_seed(2)
+    b, c = TensorSketch(400, 16, seed=3), TensorSketch(400, 16, seed=4)
+    assert all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers(), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a.buffers(), c.buffers(), strict=True))
+    assert a.state_dict() == {}
+    for sketch in (a.sketch1, a.sketch2):  # (in_features, D): one signed 1 per row
+        assert set(sketch.unique().tolist()) == {-1.0, 0.0, 1.0} and (sketch.abs().sum(1) == 1).all()
+        assert (sketch.abs().sum(0) > 0).all()  # column 0 included

@@ -1,4 +1,4 @@
-"""The training loop on the tiny trunk: exact resumption, model selection, logs, failures."""
+"""The training loop on the tiny trunk: model selection, schedules, logs, failures (resumption: test_resume.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from deepmetric.io import unprefixed
+from deepmetric.losses import LOSSES
 from deepmetric.training import TrainingError, train
 from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.run_dir import RunDir, load_run_model
@@ -21,21 +22,8 @@ def weights(path):
     return unprefixed("model", tensors), unprefixed("optim", tensors), state
 
 
-def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
-    train(tiny_config(train={"steps": 6}), tmp_path / "straight", progress=False)
-    train(tiny_config(train={"steps": 3}), tmp_path / "resumed", progress=False)
-    assert weights(tmp_path / "resumed/checkpoints/last.safetensors")[2]["step"] == 3
-    train(tiny_config(train={"steps": 6}), tmp_path / "resumed", resume=True, progress=False)
-    a_model, a_optim, a_state = weights(tmp_path / "straight/checkpoints/last.safetensors")
-    b_model, b_optim, b_state = weights(tmp_path / "resumed/checkpoints/last.safetensors")
-    assert a_state["step"] == b_state["step"] == 6
-    assert a_model.keys() == b_model.keys() and all(torch.equal(a_model[k], b_model[k]) for k in a_model)
-    assert all(torch.equal(a_optim[k], b_optim[k]) for k in a_optim)
-    # and training did change the weights
-    fresh = tiny_config(train={"steps": 0})
-    train(fresh, tmp_path / "untrained", progress=False)
-    c_model, _, _ = weights(tmp_path / "untrained/checkpoints/last.safetensors")
-    assert not torch.equal(c_model["head.embed.weight"], a_model["head.embed.weight"])
+# Exact resumption (model, optimiser, objective, generator) is tested for every head and regulariser, GAP included,
+# in test_resume.py.
 
 
 def test_best_checkpoint_follows_validation_recall_then_map_at_r(tmp_path):
@@ -121,15 +109,62 @@ def test_a_run_that_fails_its_set_up_leaves_no_directory(tmp_path, sections, mes
 
 
 def test_baseline_is_recorded_before_training(tmp_path):
-    train(tiny_config(eval={"baseline": True}, train={"steps": 1}), tmp_path / "run", progress=False)
+    """``eval.baseline``: the test metrics of the run's untrained backbone (its pooled features, l2-normalised) are
+    what ``evaluate`` gives for the trunk of the run at step 0 (a 0-step run's checkpoint) under a GAP head without
+    an embedding layer; another seed's untrained trunk scores otherwise, so the comparison can fail."""
+    from deepmetric.evaluation.evaluator import EmbedSettings, evaluate
+    from deepmetric.models import create_model
+    from deepmetric.training.setup import load_table
+
+    config = tiny_config(eval={"baseline": True}, train={"steps": 1})
+    train(config, tmp_path / "run", progress=False)
     baseline = json.loads(RunDir(tmp_path / "run").baseline.read_text())
-    assert "no training" in baseline["model"] and 0 <= baseline["metrics"]["recall@1"] <= 1
+    assert "no training" in baseline["model"]
+    table, _ = load_table(config)
+
+    def pooled_metrics(seed: int) -> dict:
+        train(tiny_config(train={"steps": 0, "seed": seed}), tmp_path / f"untrained-{seed}", progress=False)
+        trunk = unprefixed("trunk", weights(tmp_path / f"untrained-{seed}/checkpoints/last.safetensors")[0])
+        model = create_model("tiny", head="gap", embedding_dim=0, pretrained=False)
+        model.trunk.load_state_dict(trunk)
+        return evaluate(model, table, "test", EmbedSettings.from_config(config, "cpu", progress=False),
+                        config.eval.recall_at, config.eval.nmi, config.eval.engine)
+
+    assert baseline["metrics"] == pooled_metrics(config.train.seed)
+    assert baseline["metrics"] != pooled_metrics(config.train.seed + 1)
 
 
-@pytest.mark.parametrize("loss", ["contrastive", "triplet", "multi-similarity", "margin"])
+def fixed_batch_losses(config, steps: int) -> list[float]:
+    """The run's model, objective and optimiser (as the trainer builds them) stepped ``steps`` times on one fixed
+    P x K batch (3 classes x 4 random 16-px images); the objective's value before each step."""
+    from deepmetric.losses import build_objective
+    from deepmetric.training.optim import build_optimizer
+    from deepmetric.training.setup import build_model
+
+    torch.manual_seed(0)
+    model = build_model(config).train()
+    objective = build_objective(config.loss, model.head, num_classes=3)
+    optimizer = build_optimizer(model, objective, config.train)
+    images = torch.rand(12, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(3).repeat_interleave(4)
+    values = []
+    for _ in range(steps):
+        loss, _ = objective(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        values.append(float(loss.detach()))
+    return values
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_every_loss_trains(tmp_path, loss):
+    """Each registered metric loss, minimised by the trainer's optimiser on a fixed batch, falls within a few steps
+    (a loss with a wrong sign or a dead gradient would not); and a run trains with it end to end."""
+    values = fixed_batch_losses(tiny_config(loss={"name": loss}, train={"lr": 1e-2, "lr_loss": 1e-2}), steps=8)
+    assert values[0] > 0 and values[-1] < 0.8 * values[0], values
     train(tiny_config(loss={"name": loss}, train={"steps": 2}), tmp_path / loss, progress=False)
-    assert RunDir(tmp_path / loss).last.is_file()
+    assert [r["step"] for r in RunDir(tmp_path / loss).read_log() if "loss" in r] == [1, 2]
 
 
 @pytest.mark.integration
@@ -189,9 +224,40 @@ def test_amp_runs_the_forward_in_bfloat16_and_hands_the_objective_float32(tmp_pa
     assert all(w.dtype == torch.float32 for w in amp_weights.values() if w.is_floating_point())
 
 
-def test_channels_last_trains_as_the_contiguous_layout_up_to_float_rounding(tmp_path):
+def record_conv_layouts(monkeypatch) -> list[tuple[str, bool]]:
+    """Make the trainer's model record, at every convolution it runs, whether its input and its weight are stored
+    channels-last (NHWC); tensors whose two layouts coincide (one channel, or 1 x 1 maps) are not recorded."""
+    import deepmetric.training.trainer as trainer
+
+    seen, build = [], trainer.build_model
+
+    def layout(kind: str, t: torch.Tensor) -> None:
+        nhwc, nchw = t.is_contiguous(memory_format=torch.channels_last), t.is_contiguous()
+        if nhwc != nchw:
+            seen.append((kind, nhwc))
+
+    def recording_build(config):
+        model = build(config)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.register_forward_pre_hook(lambda m, args: (layout("input", args[0]),
+                                                                  layout("weight", m.weight)) and None)
+        return model
+
+    monkeypatch.setattr(trainer, "build_model", recording_build)
+    return seen
+
+
+def test_channels_last_trains_as_the_contiguous_layout_up_to_float_rounding(tmp_path, monkeypatch):
+    """``train.channels_last``: the convolutions of the training run see NHWC weights and activations (and NCHW
+    when off), and the weights it ends with equal the NCHW run's up to float rounding."""
+    seen = record_conv_layouts(monkeypatch)
     train(tiny_config(train={"steps": 3, "channels_last": True}), tmp_path / "nhwc", progress=False)
+    nhwc_layouts, seen[:] = list(seen), []
     train(tiny_config(train={"steps": 3, "channels_last": False}), tmp_path / "nchw", progress=False)
+    for kind in ("input", "weight"):
+        assert sum(k == kind for k, _ in nhwc_layouts) >= 3 and sum(k == kind for k, _ in seen) >= 3, kind
+    assert all(nhwc for _, nhwc in nhwc_layouts) and not any(nhwc for _, nhwc in seen)
     nhwc, _, _ = weights(tmp_path / "nhwc/checkpoints/last.safetensors")
     nchw, _, _ = weights(tmp_path / "nchw/checkpoints/last.safetensors")
     assert nhwc.keys() == nchw.keys()

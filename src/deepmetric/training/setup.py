@@ -65,10 +65,14 @@ def build_model(config: RunConfig) -> Embedder:
 
 def untrained_baseline(config: RunConfig, table: RetrievalTable, device: torch.device,
                        progress: bool) -> dict[str, Any]:
-    """Test metrics of the backbone's l2-normalised pooled features, before any training."""
+    """Test metrics of the backbone's l2-normalised pooled features, before any training. The backbone is built
+    from the run's seed, as ``build_model`` builds it after ``seed_everything``: a randomly initialised backbone is
+    the run's own untrained one (it was whatever the random stream held when the baseline was evaluated)."""
     m = config.model
-    model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
-                         freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
+    with torch.random.fork_rng():  # the run's random streams (CPU and GPU) are left as they were
+        torch.manual_seed(config.train.seed)
+        model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
+                             freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
     model = model.set_channels_last(config.train.channels_last).to(device)
     metrics = evaluate(model, table, "test", EmbedSettings.from_config(config, device, progress), config.eval.recall_at,
                        config.eval.nmi, config.eval.engine)
