@@ -121,6 +121,31 @@ def test_an_interrupted_run_stops_the_study_instead_of_counting_as_failed(tmp_pa
     assert not (tmp_path / "out/results.md").exists()
 
 
+def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp_path, caplog):
+    """Two study processes on one study (one per core): the second must neither delete nor resume a run the first
+    holds, even one that has not reached its first checkpoint (it used to remove such a folder before training)."""
+    import fcntl
+    import os
+
+    spec = load_study(write_study(tmp_path))
+    held = tmp_path / "out/runs/abe/0"
+    held.mkdir(parents=True)
+    (held / "config.json").write_text("{}")  # a run started by the other process, before its first checkpoint
+    with open(held / ".lock", "a+") as lock:  # another open file description: flock conflicts as across processes
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        with caplog.at_level("INFO", logger="deepmetric"):
+            paths = run_study(spec, progress=False)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert (held / "config.json").read_text() == "{}" and not (held / "checkpoints").exists()
+    assert f"abe/0: being trained by process {os.getpid()}: left to it" in caplog.text
+    assert "lacks 1 run(s) that other processes are training (abe/0)" in caplog.text
+    assert [r["variant"] for r in csv.DictReader(paths["csv"].open())] == ["gap"]
+    run_study(spec, progress=False)  # released: the stale start is begun afresh and the results are complete
+    assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
+
+
 def test_best_mean_of_each_column_is_bold(tmp_path):
     from deepmetric.studies.aggregate import markdown
 

@@ -38,6 +38,15 @@ class TrainingError(DeepMetricError):
     """Training cannot go on (e.g. a non-finite loss); the message names the step and the term."""
 
 
+class RunInUse(DeepMetricError):
+    """Another process holds the run folder (its ``.lock``): a second training into it is refused; a study leaves
+    the run to that process."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
 class TrainingInterrupted(DeepMetricError):
     """A signal stopped training after a checkpoint was written."""
 

@@ -1,6 +1,8 @@
 """Run every run of a study that has not finished, then aggregate. Interrupted studies pick up where they
 stopped: a run with ``metrics.json`` is done (and, with ``all_embeddings``, ``metrics-all-embeddings.json``),
-a run with a ``last`` checkpoint resumes from it. A run that
+a run with a ``last`` checkpoint resumes from it. Several study processes may work on one study at once (one per
+core or GPU): a run that another process is training (its folder's lock) is left to it, and whichever process
+ends last writes the complete results. A run that
 fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
 still run and are aggregated, and the study then ends with an error naming every failed run. A signal that
 interrupts training (after its checkpoint) stops the whole study."""
@@ -8,11 +10,10 @@ interrupts training (after its checkpoint) stops the whole study."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from ..config import build_config
-from ..errors import DeepMetricError, TrainingInterrupted
+from ..errors import DeepMetricError, RunInUse, TrainingInterrupted
 from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_all_embeddings, evaluate_run
@@ -26,6 +27,7 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
     """Train and evaluate each unfinished run; write ``results.csv``, ``results.md`` and ``results.png``."""
     runs = spec.runs()
     failed: list[str] = []
+    elsewhere: list[str] = []
     for number, run in enumerate(runs, start=1):
         directory = spec.run_dir(run)
         folder = RunDir(directory)
@@ -35,21 +37,25 @@ def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
             continue
         try:
             if not trained:
-                resume = folder.last.is_file()
-                if folder.exists() and not resume:  # stopped before its first checkpoint: start it again
-                    shutil.rmtree(directory)
+                resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
                 log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
                 train(build_config(*run.layers), directory, resume=resume, progress=progress)
                 evaluate_run(directory, progress=progress)
             if spec.all_embeddings:
                 log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
                 evaluate_all_embeddings(directory, progress=progress)
+        except RunInUse as busy:
+            log.info("[%d/%d] %s: being trained by process %s: left to it", number, len(runs), run.name, busy.holder)
+            elsewhere.append(run.name)
         except TrainingInterrupted:
             raise  # a signal stops the whole study (the run resumes next time), it is not a failed run
         except DeepMetricError as error:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
             failed.append(f"{run.name} ({error})")
     paths = write_results(spec, aggregate(spec), aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    if elsewhere:
+        log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
+                    "the complete results", paths["md"], len(elsewhere), ", ".join(elsewhere))
     if failed:
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed (the others are in "
                               f"{paths['md']}): " + "; ".join(failed))

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 from ..config import RunConfig, config_from_dict
-from ..errors import CheckpointError, DeepMetricError
+from ..errors import CheckpointError, DeepMetricError, RunInUse
 from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, to_json, unprefixed
 from ..models import Embedder, create_model
 from .checkpoint import load_checkpoint
@@ -157,8 +157,8 @@ class RunDir:
             handle.seek(0)
             holder = handle.read().strip() or "?"
             handle.close()
-            raise DeepMetricError(f"{self.path} is in use by another training (process {holder}); wait for it to "
-                                  "end or choose another --out") from None
+            raise RunInUse(f"{self.path} is in use by another training (process {holder}); wait for it to end or "
+                           "choose another --out", holder) from None
         try:
             handle.seek(0)
             handle.truncate()
