@@ -62,13 +62,14 @@ def test_upload_on_the_page_shows_the_top_k_grid(tiny_run, tmp_path, browser):
             "return [...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)"))
         cells = browser.find_elements(By.CSS_SELECTOR, "#results .result")
         scores = [float(c.find_element(By.CSS_SELECTOR, ".score").text) for c in cells]
-        names = [c.find_element(By.CSS_SELECTOR, ".name").text for c in cells]
+        ranks = [c.find_element(By.CSS_SELECTOR, ".rank").text for c in cells]
+        names = [c.find_element(By.CSS_SELECTOR, ".name").text.strip("\u200e") for c in cells]
         status = browser.find_element(By.ID, "status").text
         screenshot = tmp_path / "search-page.png"
         assert browser.save_screenshot(str(screenshot))
     assert scores[0] == pytest.approx(1.0, abs=1e-3) and scores == sorted(scores, reverse=True)
     assert all(-1.0 <= s <= 1.0 for s in scores)
-    assert names[0] == f"1. {query.name}" and f"{K} results" in status
+    assert ranks == [f"{r}." for r in range(1, K + 1)] and names[0] == query.name and f"{K} results" in status
     assert screenshot.stat().st_size > 10_000
     if os.environ.get("DEEPMETRIC_SCREENSHOTS"):  # a folder to keep the screenshot in, to look at it
         Path(os.environ["DEEPMETRIC_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)

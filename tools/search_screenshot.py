@@ -3,7 +3,7 @@
     .venv/bin/python tools/search_screenshot.py INDEX QUERY_IMAGE OUT.png [--k 8]
 
 Serves INDEX on a free local port in this process, opens the page in headless Chromium, uploads QUERY_IMAGE, waits
-for the top-K grid and saves the page as OUT.png. README's "Retrieval service on emoji" section shows the commands
+for the top-K grid and saves the page as OUT.png. README ("Retrieval service", "On emoji") shows the commands
 that built the index and the query.
 """
 
