@@ -23,7 +23,7 @@ MUTATE[high_order]="src/deepmetric/models/high_order/*"
 TESTS[high_order]="tests/test_horde.py tests/test_second_order.py"
 MUTATE[losses]="src/deepmetric/losses/*"
 TESTS[losses]="tests/test_losses.py tests/test_objective.py tests/test_horde.py tests/test_dgml.py tests/test_deml.py
-               tests/test_attention_heads.py tests/test_head_contract.py"
+               tests/test_attention_heads.py tests/test_head_contract.py tests/test_pml.py"
 MUTATE[metrics]="src/deepmetric/evaluation/metrics.py"
 TESTS[metrics]="tests/test_metrics.py tests/test_properties.py"
 MUTATE[knn]="src/deepmetric/evaluation/knn.py"
