@@ -213,6 +213,14 @@ def adversarial_state(generator, real, labels):
     return float(real_logit.mean() - fake_logit.mean()), float(l_adv)
 
 
+def own_class_probability(generator):
+    """Mean D_c(x~_v)[y_v]: the discriminator's probability of each generated example's own class."""
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
+        return float(torch.softmax(generator.discriminate(fake)[1], dim=1).gather(1, rows[:, None]).mean())
+
+
 def fixed_round(**options):
     """One alternating round's fixed inputs: real embeddings/features of a fixed batch, and x~_v's rows and noise."""
     _, model, generator, images, labels = setup(mode="both", **options)
@@ -249,24 +257,46 @@ def test_the_generator_step_fools_the_discriminator(gan_loss):
     """G maximises L_adv with D fixed (§6.3.5; ``nonsaturating`` minimises -log D_g(x~_v) - log(1 - D_c(x~_v)[y_v])
     instead, which points the same way): after D has learnt to tell real from generated, each G step (reconstruction
     weight 0, so only the adversarial term acts) lowers D's margin real - generated and raises L_adv, and D's
-    weights do not move. With the generator's sign flipped, G would help D: the margin would grow."""
+    weights do not move. With the generator's sign flipped, G would help D: the margin would grow. Both losses also
+    make D's classifier less sure of each generated example's own class (D_c(x~_v)[y_v] falls)."""
     generator, features, real, labels = fixed_round(lr_discriminator=1e-3, lr_generator=1e-3, gan_loss=gan_loss,
                                                     reconstruction_weight=0.0)
     for _ in range(30):
         generator.discriminator_step(real, labels)
     d_before = snapshot(generator.discriminator_parameters())
     history = [adversarial_state(generator, real, labels)]
+    own = [own_class_probability(generator)]
     assert history[0][0] > 1.0  # D prefers the real embeddings
     for _ in range(10):
         terms = generator.generator_step(features, real)
         history.append(adversarial_state(generator, real, labels))
+        own.append(own_class_probability(generator))
         if gan_loss == "minimax":  # the logged term is L_adv's generated half, before the step
             assert float(terms["mirage_adv_g"]) > 0
     margins, losses = zip(*history, strict=True)
     assert all(b < a for a, b in zip(margins, margins[1:], strict=False)), margins  # it falls at every G step
     assert margins[-1] < margins[0] - 0.2, margins
     assert losses[-1] > losses[0], losses  # G pushed L_adv up
+    assert own[-1] < own[0] - 0.01, own  # and D_c's belief in the generated rows' own classes down
     assert not any(changed(d_before, generator.discriminator_parameters()))
+
+
+@pytest.mark.parametrize("gan_loss", ["minimax", "nonsaturating"])
+def test_the_generators_class_term_alone_makes_the_classifier_doubt(gan_loss):
+    """The class half of G's objective on its own (D_g silenced: zero weights, so its term has no gradient): G's steps
+    lower D_c(x~_v)[y_v], under minimax (maximising CE) and non-saturating (minimising -log(1 - D_c[y_v])) alike."""
+    generator, features, real, labels = fixed_round(lr_discriminator=1e-3, lr_generator=1e-3, gan_loss=gan_loss,
+                                                    reconstruction_weight=0.0)
+    for _ in range(30):
+        generator.discriminator_step(real, labels)
+    with torch.no_grad():
+        generator.disc_real.weight.zero_()
+        generator.disc_real.bias.zero_()
+    own = [own_class_probability(generator)]
+    for _ in range(5):
+        generator.generator_step(features, real)
+        own.append(own_class_probability(generator))
+    assert all(b < a for a, b in zip(own, own[1:], strict=False)), own
 
 
 def test_noise_and_the_generators_input_follow_eq_6_2():
@@ -335,3 +365,41 @@ def test_nearest_prototype_is_virtual_counts_training_prototypes_with_a_virtual_
     assert generator.nearest_prototype_is_virtual() == pytest.approx(2 / 5)
     _, _, plain, _, _ = setup(mode="tcg")
     assert plain.num_virtual == 0 and plain.nearest_prototype_is_virtual() == 0.0
+
+
+def test_each_option_reaches_the_network_or_optimiser_it_names():
+    """MirageOptions' documented knobs (generator output, discriminator heads, learning rates, Adam's betas) are the
+    ones the built networks and optimisers carry; the prototypes start near the unit sphere (randn / sqrt(D))."""
+    from types import SimpleNamespace
+
+    from deepmetric.generators.mirage import MirageOptions
+
+    _, model, generator, *_ = setup(mode="both", virtual_ratio=0.4)
+    assert isinstance(generator.generator[-1], torch.nn.ReLU)  # pooled features are post-ReLU: G ends in a ReLU
+    assert generator.disc_real.out_features == 1 and generator.num_virtual == 2
+    assert generator.disc_class.out_features == NUM_CLASSES + 2
+    assert isinstance(generator.disc_trunk[-1], torch.nn.ReLU)
+    lrs = {name: [g["lr"] for g in opt.param_groups] for name, opt in generator.optimizers.items()}
+    assert lrs == {"prototypes": [1e-3], "generator": [1e-4], "discriminator": [1e-4]}  # lr=1e-3 given to setup()
+    torch.manual_seed(0)
+    tuned = build_generator("mirage", {"lr_generator": 2e-4, "lr_discriminator": 3e-4, "lr_prototypes": 5e-2,
+                                       "betas": [0.3, 0.9], "generator_output": "linear"},
+                            head=model.head, num_classes=NUM_CLASSES, batch_size=12, lr=1e-3, seed=0)
+    assert isinstance(tuned.generator[-1], torch.nn.Linear)
+    for name, lr in (("prototypes", 5e-2), ("generator", 2e-4), ("discriminator", 3e-4)):
+        assert tuned.optimizers[name].param_groups[0]["lr"] == lr
+    assert tuned.optimizers["generator"].param_groups[0]["betas"] == (0.3, 0.9)
+    assert tuned.optimizers["discriminator"].param_groups[0]["betas"] == (0.3, 0.9)
+    wide = MirageGenerator(SimpleNamespace(pooled_dim=None, embedding_dim=256, normalized=False), 40, 12, seed=3)
+    assert (wide.prototypes.detach().pow(2).sum(1).mean() - 1).abs() < 0.05  # E||p||^2 = 1
+    assert isinstance(wide.generator[-1], torch.nn.Linear)  # embeddings can be negative: no final ReLU
+    x = torch.randn(4, 256) * 3
+    assert torch.equal(wide.encode(x), x)  # no l2 for a head that does not normalise
+    unit = MirageGenerator(SimpleNamespace(pooled_dim=None, embedding_dim=8, normalized=True), 4, 12)
+    assert torch.allclose(unit.encode(x[:, :8]).norm(dim=1), torch.ones(4))
+    for good in ({"projection": "pca"}, {"generator_output": "relu"}, {"generator_output": "linear"}):
+        MirageOptions(**good)
+    for bad in ({"batch_ratio": -1}, {"virtual_ratio": -1}, {"virtual_fraction": 1.5}, {"virtual_fraction": -0.1},
+                {"noise_std": -1}, {"projection": "umap"}, {"generator_output": "tanh"}):
+        with pytest.raises(ConfigError, match="generator 'mirage'"):
+            MirageOptions(**bad)
