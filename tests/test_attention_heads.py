@@ -81,6 +81,28 @@ def test_dimension_wise_weights_sum_to_one_per_channel_and_harden_with_alpha():
     assert_tends_to_argmax(lambda alpha: DimensionWiseSelection(4, 7, 6, alpha), soft, x)
 
 
+def test_selection_weights_are_a_softmax_of_cosines_computed_location_by_location():
+    """DIABLO eq. 5 and eq. 10 against a slow loop: at each location (i, j), the softmax over entries n of
+    alpha * cos(phi(f_ij), d^(n)) (one direction per entry) or alpha * cos(phi(f_ij), d^(n)_k) (one per entry and
+    channel k). phi is scaled per location so that a cosine which forgets to normalise, or normalises along the
+    wrong axis, shows."""
+    x = phi_map() * torch.linspace(0.2, 5.0, 12).reshape(1, 1, 3, 4)  # (B, m, h, w), norms differ per location
+    feature, dimension = FeatureWiseSelection(5, 6, alpha=3.0), DimensionWiseSelection(4, 7, 6, alpha=3.0)
+    with torch.no_grad():
+        feature.dictionary.mul_(torch.linspace(0.5, 2.0, 5)[:, None])
+        dimension.dictionary.mul_(torch.linspace(0.5, 2.0, 7)[None, :, None])
+        a, b = feature(x), dimension(x)
+    for batch in range(x.shape[0]):
+        for i in range(3):
+            for j in range(4):
+                f = x[batch, :, i, j]
+                cos = torch.stack([F.cosine_similarity(f, d, dim=0) for d in feature.dictionary.detach()])
+                assert torch.allclose(a[batch, :, 0, i, j], torch.softmax(3.0 * cos, dim=0), atol=1e-6)
+                for k in range(7):
+                    cos = torch.stack([F.cosine_similarity(f, d[k], dim=0) for d in dimension.dictionary.detach()])
+                    assert torch.allclose(b[batch, :, k, i, j], torch.softmax(3.0 * cos, dim=0), atol=1e-6)
+
+
 def test_pre_attention_merge_is_the_hadamard_product_with_duplicated_features_and_runs_psi_once():
     torch.manual_seed(0)
     model = create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, num_entries=4,
