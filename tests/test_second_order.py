@@ -107,6 +107,25 @@ def test_random_maclaurin_second_order_estimates_the_pooled_gram():
     assert abs(estimates.mean() - target) < 4 * estimates.std() / len(estimates) ** 0.5
 
 
+@pytest.mark.parametrize("factorization", ["random_maclaurin", "tensor_sketch", "hpbp"])
+def test_factorized_covariance_centres_each_image_over_its_locations(factorization):
+    """pooling=covariance factorises Σ = mean_ij (x_ij - μ)(x_ij - μ)^T (eq. 3.2), μ the image's mean over its
+    locations: the same statistic as second-order pooling of the explicitly centred map, and blind to a per-channel
+    shift of the whole map."""
+    options = {"factorization": factorization, "reduce_dim": None, "sketch_dim": 32, "rank": 12, "seed": 0}
+    covariance_head = SecondOrderHead(5, 8, pooling="covariance", **options)
+    second_order_head = SecondOrderHead(5, 8, pooling="second_order", **options)
+    second_order_head.load_state_dict(covariance_head.state_dict())
+    features = torch.randn(2, 5, 3, 3)
+    centred = features - features.mean(dim=(2, 3), keepdim=True)
+    shifted = features + torch.randn(2, 5, 1, 1) * 3
+    with torch.no_grad():
+        expected = second_order_head._factorized(centred)
+        assert torch.allclose(covariance_head._factorized(features), expected, atol=1e-5)
+        assert torch.allclose(covariance_head._factorized(shifted), expected, atol=1e-4)
+        assert not torch.allclose(second_order_head._factorized(features), expected, atol=1e-3)
+
+
 @pytest.mark.parametrize("options", [
     {"pooling": "second_order"}, {"pooling": "covariance", "matrix_norm": "power"},
     {"pooling": "second_order", "matrix_norm": "newton_schulz"}, {"pooling": "bilinear"},
