@@ -142,6 +142,22 @@ def test_branches_differ_only_through_their_cams():
     assert not torch.allclose(out.parts[0], out.parts[2], atol=1e-3)
 
 
+def test_each_branch_pools_the_tail_of_the_features_its_cam_gates():
+    """DeML §3.2: branch j's feature is g(u ⊙ a_j(u)), u the shared head f's output and a_j its CAM's channel gates;
+    checked branch by branch against a manual pass through f, the CAMs and the tail g (multiplying, not dividing,
+    by the gates)."""
+    model = deml(1, 3, embedding_dim=12).eval()
+    head = model.head
+    images = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        pooled, _ = head.scale_features(0, images)
+        u = head.fnets[0](images)
+        gates = head.gates[0](u)  # (B, J, C, ...)
+        for j in range(3):
+            v = head.gnets[0](u * gates[:, j])
+            assert torch.allclose(pooled[:, j], v.mean(dim=(2, 3)), atol=1e-5)
+
+
 def test_gradient_reversal_flips_the_gradient_and_keeps_the_forward_pass():
     x = torch.randn(4, 3, requires_grad=True)
     weights = torch.randn(4, 3)
