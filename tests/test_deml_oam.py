@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,21 @@ def test_the_walk_matrix_is_column_stochastic_and_the_walk_keeps_the_mass(sigma)
     assert not torch.allclose(p.sum(dim=2), torch.ones(3, 24), atol=1e-3)  # rows do not (not the literal reading)
     mass = random_walk(p, steps=10)
     assert (mass >= 0).all() and torch.allclose(mass.sum(dim=1), torch.ones(3), atol=1e-6)
+
+
+def test_edge_weights_match_a_slow_loop_over_pairs_of_locations():
+    """Eq. 2's D[a, b] = ||u_a - u_b|| between locations a = (i, j) and b = (k, l), times the code's Gaussian
+    exp(-((i - k)^2 + (j - l)^2) / (2 s^2)), s = spatial_sigma x max(h, w), on a non-square map."""
+    u = torch.randn(1, 3, 3, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    plain, spatial = dissimilarity_graph(u)[0], dissimilarity_graph(u, 0.3)[0]
+    s = 0.3 * 5
+    for a in range(15):
+        for b in range(15):
+            (i, j), (k, l) = divmod(a, 5), divmod(b, 5)
+            distance = float((u[0, :, i, j] - u[0, :, k, l]).norm())
+            assert float(plain[a, b]) == pytest.approx(distance, abs=1e-5)
+            gaussian = math.exp(-((i - k) ** 2 + (j - l) ** 2) / (2 * s**2))
+            assert float(spatial[a, b]) == pytest.approx(distance * gaussian, abs=1e-5)
 
 
 def test_the_map_peaks_on_a_distinct_region_where_the_literal_row_normalised_walk_stays_flat():
