@@ -112,3 +112,33 @@ def test_eval_mode_gives_the_same_shapes_without_gradients():
         images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
         assert model.embed(images).shape == (3, model.embedding_dim), name
         assert model.training, name  # embed restores the mode it found
+
+
+def test_learners_share_the_embedding_as_floor_d_over_m_and_an_uneven_split_is_said_once(caplog):
+    """DeML §3.1's rule for every multi-learner head: floor(D / M) dimensions each; when M does not divide D the
+    warning gives the dimensions actually used (M floor(D / M)) and each learner's share; an even split says nothing."""
+    from deepmetric.errors import ConfigError
+    from deepmetric.models.heads.base import learner_dim
+
+    with caplog.at_level("WARNING", logger="deepmetric"):
+        assert learner_dim("deml", 512, 9) == 56
+        assert learner_dim("abe", 512, 8) == 64
+        assert learner_dim("abe", 8, 8) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "deml: model.embedding_dim=512 does not split evenly over 9 learners; the embedding has 504 dimensions "
+        "(56 each)"]
+    with pytest.raises(ConfigError, match="too small for 8 learners"):
+        learner_dim("abe", 7, 8)
+    with pytest.raises(ConfigError, match="at least one learner, got 0"):
+        learner_dim("abe", 8, 0)
+
+
+def test_gap_without_l2_leaves_the_embedding_unnormalised():
+    """GAP's l2=False (MIRAGE's 2-D latent space, thesis Fig. 6.3b): the embedding is the linear map of the pooled
+    features, not its unit vector."""
+    model = create_model("tiny", head="gap", pretrained=False, embedding_dim=2, l2=False).eval()
+    with torch.no_grad():
+        output = model(torch.rand(3, 3, 32, 32))
+        expected = model.head.embed(output.extras["pooled"])
+    assert not model.head.normalized and torch.allclose(output.embedding, expected)
+    assert not torch.allclose(output.embedding.norm(dim=1), torch.ones(3))
