@@ -98,6 +98,29 @@ def test_the_finer_scale_sees_the_crop_and_no_gradient_crosses_scales():
     assert second is None or not second.any()  # the crop is not differentiable: scale 2 learns only in its copy
 
 
+def test_the_finer_scales_attention_is_pasted_back_into_the_region_it_saw():
+    """The attention of scale 2 is computed on the zoomed crop and shown in the original frame: zero outside the
+    crop's region, and that map placed (``paste``) at the region; scale 1's map is left in the frame it was made."""
+    from deepmetric.models.heads.deml_oam import object_attention, paste
+
+    model = deml(2, 1, embedding_dim=8).eval()
+    with torch.no_grad():
+        normalised = model.normalize(torch.rand(3, 3, 32, 32))
+        out = model.head(normalised)
+        regions = out.extras["regions"][:, 1]
+        assert ((regions[:, 2] - regions[:, 0]) < 32).any()  # a real crop somewhere, so an outside to check
+        _, sources = model.head.scale_features(1, out.extras["scale_inputs"][:, 1])
+        crop_attention = object_attention(sources, (32, 32), model.head.oam_steps, model.head.spatial_sigma)
+        _, sources = model.head.scale_features(0, normalised)
+        first = object_attention(sources, (32, 32), model.head.oam_steps, model.head.spatial_sigma)
+    assert torch.allclose(out.attention[:, 0], first)
+    assert torch.allclose(out.attention[:, 1], paste(crop_attention, regions), atol=1e-6)
+    for pasted, (x0, y0, x1, y1) in zip(out.attention[:, 1], regions.round().int().tolist(), strict=True):
+        outside = torch.ones(32, 32, dtype=torch.bool)
+        outside[max(y0 - 1, 0):y1 + 1, max(x0 - 1, 0):x1 + 1] = False  # one pixel of bilinear border
+        assert not pasted[outside].any() and pasted.abs().max() > 0
+
+
 def test_channel_attention_gates():
     features = torch.rand(2, 6, 5, 5)
     pooled = ChannelAttention(6, num_gates=3, hidden=4, pooled=True)
