@@ -197,15 +197,21 @@ def test_the_discriminator_learns_when_its_learning_rate_allows():
     assert min(losses) < 0.3 * chance
 
 
+def generated_examples(generator):
+    """The round's virtual examples x~_v = E(G(n(p_v + eps))) (eq. 6.2) with their rows y_v, without gradients."""
+    rows, eps = generator._virtual
+    with torch.no_grad():
+        return generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps))), rows
+
+
 def adversarial_state(generator, real, labels):
     """D's view of the round's fixed inputs: (margin, L_adv). The margin is mean D_g logit of the real embeddings
     minus that of the virtual examples x~_v = E(G(n(p_v + eps))) (eq. 6.2; D_g's sigmoid ranks them the same way);
     L_adv is §6.3.4's adversarial loss (the unnumbered equation after eq. 6.3), recomputed by hand."""
     import torch.nn.functional as F
 
-    rows, eps = generator._virtual
+    fake, rows = generated_examples(generator)
     with torch.no_grad():
-        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
         real_logit, real_class = generator.discriminate(real)
         fake_logit, fake_class = generator.discriminate(fake)
         l_adv = (F.softplus(-real_logit).mean() + F.softplus(fake_logit).mean()  # -log D_g(real) - log(1 - D_g(fake))
@@ -215,9 +221,8 @@ def adversarial_state(generator, real, labels):
 
 def own_class_probability(generator):
     """Mean D_c(x~_v)[y_v]: the discriminator's probability of each generated example's own class."""
-    rows, eps = generator._virtual
+    fake, rows = generated_examples(generator)
     with torch.no_grad():
-        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
         return float(torch.softmax(generator.discriminate(fake)[1], dim=1).gather(1, rows[:, None]).mean())
 
 
@@ -245,9 +250,8 @@ def test_the_discriminator_step_scores_real_above_generated():
     assert margins[-1] > 1.0 and margins[-1] > margins[0] + 1.0, margins
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses  # L_adv falls at every D step
     assert reported == pytest.approx(losses[:-1], rel=1e-5)  # each step minimised the L_adv of its inputs
-    rows, eps = generator._virtual
+    fake, _ = generated_examples(generator)
     with torch.no_grad():
-        fake = generator.encode(generator.decode(generator.noisy(generator.prototypes[rows], eps)))
         assert (torch.sigmoid(generator.discriminate(real)[0]) > 0.5).all()
         assert (torch.sigmoid(generator.discriminate(fake)[0]) < 0.5).all()
 
