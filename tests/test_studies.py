@@ -56,6 +56,18 @@ def test_two_run_study_aggregates_mean_and_std_and_resumes(tmp_path):
     assert (tmp_path / "out/runs/gap/0/metrics.json").stat().st_mtime == stamp
 
 
+def test_only_trains_the_named_variants_and_refuses_an_unknown_one(tmp_path):
+    spec = load_study(write_study(tmp_path))
+    with pytest.raises(ConfigError, match="no variant named 'gapp'.*did you mean 'gap'.*its variants: abe, gap"):
+        run_study(spec, progress=False, only=["gapp"])
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+    paths = run_study(spec, progress=False, only=["abe"])
+    assert (tmp_path / "out/runs/abe/0/metrics.json").is_file() and not (tmp_path / "out/runs/gap").exists()
+    assert [r["variant"] for r in csv.DictReader(paths["csv"].open())] == ["abe"]
+    paths = run_study(spec, progress=False)  # the rest later; the results hold every finished run
+    assert [r["variant"] for r in csv.DictReader(paths["csv"].open())] == ["abe", "gap"]
+
+
 def test_each_row_carries_the_validation_figures_of_the_evaluated_checkpoint(tmp_path):
     """A tuning study reads validation columns (the test split chooses nothing): they must be the logged validation
     metrics at the step whose checkpoint was tested, not another step's."""

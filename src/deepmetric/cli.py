@@ -229,7 +229,8 @@ def cmd_study(args: argparse.Namespace) -> int:
             raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
                                   + ", ".join(failing))
         return 0
-    paths = run_study(spec, progress=not args.quiet)
+    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
+    paths = run_study(spec, progress=not args.quiet, only=only)
     print(paths["md"].read_text())
     print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
     if "embeddings_md" in paths:
@@ -432,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="list every run and build its config, model, objective and optimiser groups without "
                    "reading images or writing anything; exit 2 naming the runs that would fail")
+    p.add_argument("--only", metavar="VARIANT[,VARIANT...]",
+                   help="train only these variants now (every seed or split of each); the results still hold every "
+                   "finished run of the study")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from ..config import build_config
-from ..errors import DeepMetricError, RunInUse, TrainingInterrupted
+from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted, did_you_mean
 from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_all_embeddings, evaluate_run
@@ -23,9 +23,16 @@ from .spec import StudySpec
 log = logging.getLogger("deepmetric")
 
 
-def run_study(spec: StudySpec, progress: bool = True) -> dict[str, Path]:
-    """Train and evaluate each unfinished run; write ``results.csv``, ``results.md`` and ``results.png``."""
+def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[str, ...] = ()) -> dict[str, Path]:
+    """Train and evaluate each unfinished run (of the variants in ``only``, when given: the others wait for a later
+    call); write ``results.csv``, ``results.md`` and ``results.png`` from every finished run of the study."""
     runs = spec.runs()
+    if only:
+        unknown = [name for name in only if name not in spec.variants]
+        if unknown:
+            raise ConfigError(f"study {spec.name}: no variant named {unknown[0]!r}"
+                              f"{did_you_mean(unknown[0], spec.variants)} (its variants: {', '.join(spec.variants)})")
+        runs = [run for run in runs if run.variant in only]
     failed: list[str] = []
     elsewhere: list[str] = []
     for number, run in enumerate(runs, start=1):
