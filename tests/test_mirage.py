@@ -164,7 +164,8 @@ def test_cli_flag_and_2d_diagnostics(tmp_path, capsys):
     capsys.readouterr()
     assert code == 0
     summary = json.loads((out / "generator.json").read_text())
-    assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0 and summary["virtual_prototypes"] == 5
+    assert 0.0 <= summary["nearest_prototype_is_virtual"] <= 1.0
+    assert summary["training_prototypes"] == 5 and summary["virtual_prototypes"] == 5
     assert summary["pictures"] == ["mirage-prototypes.png", "mirage-latent2d.png"]
     for name in ("mirage-prototypes.png", "mirage-latent2d.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -367,6 +368,10 @@ def test_nearest_prototype_is_virtual_counts_training_prototypes_with_a_virtual_
         generator.prototypes[:, 0], generator.prototypes[:, 1] = 3 * torch.cos(angle), 3 * torch.sin(angle)
     # nearest: 0 -> 1 (40), 1 -> 0 or 2 (40, training), 2 -> 5 (15, virtual), 3 -> 6 (5, virtual), 4 -> 0 (60)
     assert generator.nearest_prototype_is_virtual() == pytest.approx(2 / 5)
+    _, _, one, _, _ = setup(mode="both", virtual_ratio=0.2)  # a single virtual prototype, next to prototype 0
+    with torch.no_grad():
+        one.prototypes.copy_(torch.eye(16)[[0, 3, 4, 5, 6, 0]] + 0.1 * torch.eye(16)[[1, 1, 1, 1, 1, 2]])
+    assert one.num_virtual == 1 and one.nearest_prototype_is_virtual() == pytest.approx(1 / 5)
     _, _, plain, _, _ = setup(mode="tcg")
     assert plain.num_virtual == 0 and plain.nearest_prototype_is_virtual() == 0.0
 
@@ -403,7 +408,98 @@ def test_each_option_reaches_the_network_or_optimiser_it_names():
     assert torch.allclose(unit.encode(x[:, :8]).norm(dim=1), torch.ones(4))
     for good in ({"projection": "pca"}, {"generator_output": "relu"}, {"generator_output": "linear"}):
         MirageOptions(**good)
+    for edge in ({"virtual_fraction": 0.0}, {"virtual_fraction": 1.0}, {"noise_std": 0.0}):  # the bounds are allowed
+        MirageOptions(**edge)
     for bad in ({"batch_ratio": -1}, {"virtual_ratio": -1}, {"virtual_fraction": 1.5}, {"virtual_fraction": -0.1},
                 {"noise_std": -1}, {"projection": "umap"}, {"generator_output": "tanh"}):
         with pytest.raises(ConfigError, match="generator 'mirage'"):
             MirageOptions(**bad)
+
+
+@pytest.mark.parametrize("gan_loss", ["minimax", "nonsaturating"])
+def test_the_generators_gradients_are_those_of_its_objective(gan_loss):
+    """G's step follows the gradient of its own objective, written out here from §6.3.4: minimax descends
+    w_rec L_rec - w_adv L_adv^G with L_adv^G = -log(1 - D_g(x~_v)) + CE(D_c(x~_v), y_v); non-saturating descends
+    w_rec L_rec + w_adv (-log D_g(x~_v) - mean log(1 - D_c(x~_v)[y_v])). The two differ in value and gradient."""
+    import torch.nn.functional as F
+
+    generator, features, real, _ = fixed_round(gan_loss=gan_loss, reconstruction_weight=0.5, adversarial_weight=2.0)
+    rows, eps = generator._virtual
+    params = list(generator.generator.parameters())
+    rec = reconstruction_loss(features, generator.generator(real))
+    logit, classes = generator.discriminate(generator.encode(generator.generator(generator.noisy(
+        generator.prototypes[rows], eps))))
+    if gan_loss == "minimax":
+        objective = 0.5 * rec - 2.0 * (F.softplus(logit).mean() + F.cross_entropy(classes, rows))
+    else:
+        own = torch.softmax(classes, dim=1).gather(1, rows[:, None]).squeeze(1)
+        objective = 0.5 * rec + 2.0 * (F.softplus(-logit).mean() - torch.log(1 - own).mean())
+    expected = torch.autograd.grad(objective, params)
+    seen = []
+    generator.optimizers["generator"].register_step_pre_hook(
+        lambda optimizer, *_: seen.extend(p.grad.clone() for p in params))
+    generator.generator_step(features, real)
+    assert len(seen) == len(expected)
+    for got, want in zip(seen, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_saturated_class_discriminator_leaves_the_non_saturating_step_finite():
+    """-log(1 - D_c[y_v]) is infinite where D_c is certain (softmax 1.0 in float32): the clamp keeps G's step finite."""
+    generator, features, real, _ = fixed_round(gan_loss="nonsaturating")
+    rows, _ = generator._virtual
+    with torch.no_grad():
+        generator.disc_class.weight.zero_()
+        generator.disc_class.bias.zero_()
+        generator.disc_class.bias[rows] = 200.0  # every generated row's own class (one virtual class here)
+    assert own_class_probability(generator) == 1.0
+    generator.generator_step(features, real)
+    assert all(torch.isfinite(p).all() for p in generator.generator.parameters())
+
+
+def test_the_adversarial_gradient_of_the_prototypes_adds_to_their_metric_loss_gradient():
+    """With ``adversarial_prototypes`` the virtual prototypes' L_adv gradient is added to the gradient the trainer's
+    L_DML backward left in ``prototypes.grad`` (both step together in ``step``)."""
+    import copy
+
+    generator, features, real, _ = fixed_round(adversarial_prototypes=True)
+    other = copy.deepcopy(generator)
+    generator.generator_step(features, real)
+    adversarial = generator.prototypes.grad.clone()  # from None: the adversarial gradient alone
+    assert adversarial.abs().sum() > 0
+    metric = torch.randn_like(adversarial)
+    other.prototypes.grad = metric.clone()
+    other.generator_step(features, real)
+    torch.testing.assert_close(other.prototypes.grad, metric + adversarial)
+
+
+def test_the_normalisations_follow_the_head_unless_an_option_says_otherwise():
+    """n(.) of G's input is l2 when the head's embeddings are (``normalize_input`` unset) and as the option says
+    otherwise; the prototype rows added to the batch are l2-normalised only for a normalising head."""
+    from types import SimpleNamespace
+
+    def head(normalized):
+        return SimpleNamespace(pooled_dim=None, embedding_dim=8, normalized=normalized)
+
+    z = torch.randn(6, 8) * 3
+    eps = torch.zeros(6, 8)
+    for normalized, option, unit in ((True, None, True), (True, False, False), (False, None, False),
+                                     (False, True, True)):
+        generator = MirageGenerator(head(normalized), 4, 12, normalize_input=option)
+        norms = generator.noisy(z, eps).norm(dim=1)
+        assert torch.allclose(norms, torch.ones(6)) == unit, (normalized, option)
+    raw = MirageGenerator(head(False), 4, 12, mode="both")
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    batch = raw.generate(SimpleNamespace(embedding=torch.randn(6, 8)), labels)
+    proxies = batch.embeddings[batch.examples:]
+    torch.testing.assert_close(proxies, raw.prototypes[batch.labels[batch.examples:]].detach())
+
+
+def test_virtual_per_class_sets_the_size_of_the_virtual_classes():
+    """``virtual_per_class`` rows per drawn virtual class (0: the real batch's K = 4): 6 rows in classes of 2 -> 3
+    classes; of K -> 1 class."""
+    for option, classes in ((2, 3), (0, 1)):
+        _, model, generator, images, labels = setup(mode="both", virtual_ratio=2.0, virtual_per_class=option)
+        batch = generator.generate(model(images), labels)
+        virtual = batch.labels[:batch.examples][batch.labels[:batch.examples] >= NUM_CLASSES]
+        assert len(virtual) == 6 and len(torch.unique(virtual)) == classes, option

@@ -131,7 +131,6 @@ class MirageGenerator(Generator):
         o = self.options = MirageOptions(**options)
         self.head = [head]  # a reference, not a sub-module: the head's weights belong to the model
         self.num_classes = int(num_classes)
-        self.batch_size = int(batch_size)
         self.mode, self.batch_ratio, self.virtual_fraction = o.mode, float(o.batch_ratio), float(o.virtual_fraction)
         self.num_virtual = int(round(o.virtual_ratio * num_classes)) if o.mode in ("both", "virtual") else 0
         self.extra_classes = self.num_virtual
