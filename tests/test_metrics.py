@@ -253,6 +253,32 @@ def test_cuda_engine_without_a_gpu_is_one_clear_error(monkeypatch):
         retrieval_metrics(np.eye(4), [0, 0, 1, 1], nmi=False, engine="cuda")
 
 
+def test_each_engine_multiplies_with_what_it_names(monkeypatch):
+    """``engine`` picks the code that computes the products: faiss' searcher only for 'faiss', numpy's product only
+    for 'numpy' (they agree to rounding, so only this test tells them apart); 'faiss' without faiss is one clear
+    error, never a silent fallback."""
+    import importlib
+
+    knn_module = importlib.import_module("deepmetric.evaluation.knn")
+    x = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    tracked = x.clone().requires_grad_()
+    assert knn_module.similarities(tracked, x, "torch").grad_fn is not None  # torch's product, in the graph
+    assert knn_module.similarities(tracked, x, "numpy").grad_fn is None  # numpy's: outside it
+    used = []
+    real_searcher, real_similarities = knn_module._FaissSearcher, knn_module.similarities
+    monkeypatch.setattr(knn_module, "_FaissSearcher", lambda gallery: used.append("faiss") or real_searcher(gallery))
+    monkeypatch.setattr(knn_module, "similarities", lambda q, g, *engine: used.append(engine) or real_similarities(
+        q, g, *engine))
+    for engine in ("torch", "numpy") + (("faiss",) if knn_module.faiss_available() else ()):
+        used.clear()
+        knn(x, x, 3, engine=engine)
+        assert used == (["faiss"] if engine == "faiss" else [(engine,)]), (engine, used)
+    monkeypatch.setattr(knn_module, "faiss_available", lambda: False)
+    with pytest.raises(DeepMetricError, match="kNN engine 'faiss' asked for, but faiss is not installed"):
+        knn(x, x, 3, engine="faiss")
+    assert knn_module.resolve_engine("torch") == "torch"
+
+
 @pytest.mark.parametrize("engine", ["torch", "numpy", "cuda"])
 def test_the_kernel_products_are_full_float32_and_the_callers_precision_is_restored(engine):
     """TF32 (precision 'high') would move CUDA similarities by about 1e-3: the kNN's products are IEEE float32
