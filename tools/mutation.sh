@@ -33,7 +33,7 @@ TESTS[mirage]="tests/test_mirage.py"
 MUTATE[heads]="src/deepmetric/models/heads/*"
 TESTS[heads]="tests/test_head_contract.py tests/test_attention_heads.py tests/test_deml.py tests/test_deml_oam.py
               tests/test_dgml.py tests/test_jcf.py tests/test_second_order.py tests/test_horde.py tests/test_models.py
-              tests/test_resume.py"
+              tests/test_resume.py tests/test_head_options.py"
 
 modules=("$@")
 [ ${#modules[@]} -eq 0 ] && modules=(high_order losses metrics knn mirage heads)
