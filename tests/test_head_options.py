@@ -226,3 +226,33 @@ def test_deml_refuses_a_scale_count_or_a_branch_count_below_one():
     for bad in ({"num_scales": 0, "num_branches": 2}, {"num_scales": 2, "num_branches": 0}):
         with pytest.raises(ConfigError):
             create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, **bad)
+
+
+# ----------------------------------------------------------------------------------------------- the output and export
+def test_head_output_float_converts_every_floating_tensor_and_keeps_the_rest():
+    """After a bfloat16 forward (train.amp) the objective gets float32 everywhere: embedding, parts, attention and
+    the tensors nested in extras' lists and dicts; integer tensors and other values pass through; the gradient
+    still reaches the bfloat16 source."""
+    from deepmetric.models.heads.base import HeadOutput
+
+    source = torch.ones(2, 3, dtype=torch.bfloat16, requires_grad=True)
+    half = source * 2
+    output = HeadOutput(embedding=half, parts=[half, half[:, :1]], attention=half[:, None, :, None],
+                        extras={"maps": [half], "nested": {"x": half}, "index": torch.arange(3), "name": "n"})
+    out = output.float()
+    tensors = [out.embedding, *out.parts, out.attention, out.extras["maps"][0], out.extras["nested"]["x"]]
+    assert all(t.dtype == torch.float32 for t in tensors)
+    assert out.extras["index"].dtype == torch.int64 and out.extras["name"] == "n"
+    sum(t.sum() for t in tensors).backward()
+    assert source.grad is not None and float(source.grad.float().sum()) > 0
+
+
+def test_only_a_multi_scale_deml_says_why_it_cannot_be_exported():
+    def deml(scales):
+        return create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=scales,
+                            num_branches=2).head
+
+    assert deml(1).export_blocker() is None
+    reason = deml(2).export_blocker()
+    assert reason.startswith("with 2 scales, each scale's crop box is found by the object-attention module")
+    assert create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False).head.export_blocker() is None
