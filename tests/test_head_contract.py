@@ -26,9 +26,10 @@ def _build(name: str):
     return model, objective
 
 
-@pytest.fixture(scope="module", params=list(HEADS))
+@pytest.fixture(params=list(HEADS))
 def trained_step(request):
-    """(name, model, objective, training-mode output, terms) after one backward pass."""
+    """(name, model, objective, training-mode output, terms) after one backward pass. Built for each test (not once
+    per module): mutation testing credits a forward pass to the test that ran it, and the passes are cheap."""
     model, objective = _build(request.param)
     model.train()
     output = model(torch.rand(len(LABELS), 3, 64, 64, generator=torch.Generator().manual_seed(1)))

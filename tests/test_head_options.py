@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -256,3 +257,75 @@ def test_only_a_multi_scale_deml_says_why_it_cannot_be_exported():
     reason = deml(2).export_blocker()
     assert reason.startswith("with 2 scales, each scale's crop box is found by the object-attention module")
     assert create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False).head.export_blocker() is None
+
+
+def test_option_names_are_the_builders_keywords_without_what_the_run_provides():
+    """The registry's accepted options: a head's own from_backbone keywords (ABE), or __init__'s when from_backbone
+    forwards **options (JCF, the bilinear head), never in_channels / embedding_dim / backbone, each once."""
+    from deepmetric.models.heads import HEADS
+
+    assert HEADS["gap"].option_names() == ["use_tail", "l2"]
+    assert HEADS["abe"].option_names() == ["num_learners", "phi_stages", "tail_chunk", "branch_feature_map"]
+    assert HEADS["jcf"].option_names() == ["codewords", "rank", "reduce_dim", "alpha", "factorization",
+                                           "init_images"]
+    assert HEADS["dgml"].option_names() == ["groups", "key_dim", "projection"]
+    assert HEADS["n-grouping"].option_names() == []
+
+
+@pytest.mark.parametrize(("head", "options"), [("abe", {"num_learners": 3}), ("diablo", {"num_entries": 3}),
+                                               ("mheads", {"num_heads": 3})])
+def test_attention_maps_are_one_per_branch_at_the_feature_maps_size(head, options):
+    model = create_model(backbone="tiny", head=head, embedding_dim=12, pretrained=False, **options)
+    out = model(torch.rand(2, 3, 64, 48))
+    if out.attention is not None:
+        assert out.attention.shape[:2] == (2, 3) and out.attention.dim() == 4
+        assert out.attention.shape[2] > out.attention.shape[3]  # the image's aspect: taller than wide
+
+
+def test_deml_cam_form_chooses_pooled_or_per_pixel_gates():
+    def gates(**options):
+        return create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=1,
+                            num_branches=2, **options).head.gates[0]
+
+    assert gates().pooled and gates(cam_form="pooled").pooled and not gates(cam_form="pixel").pooled
+
+
+# ----------------------------------------------------------------------------------------------- DeML's OAM pieces
+def test_each_oam_layer_is_min_max_normalised_per_image_before_the_mean():
+    from deepmetric.models.heads.deml_oam import _min_max
+
+    maps = torch.stack([torch.linspace(2, 5, 12).view(3, 4), torch.linspace(-1, 9, 12).view(3, 4)])
+    normalised = _min_max(maps)
+    assert normalised.flatten(1).amin(1).tolist() == [0.0, 0.0] and normalised.flatten(1).amax(1).tolist() == [1, 1]
+
+
+def test_the_spatial_sigma_reaches_the_random_walk():
+    from deepmetric.models.heads.deml_oam import stationary_mass
+
+    x = features(1, 4, 5, 5)
+    assert not torch.allclose(stationary_mass(x, 5, 0.0), stationary_mass(x, 5, 0.8))
+
+
+def test_a_box_inside_a_crop_is_scaled_by_the_crops_width_and_height():
+    from deepmetric.models.heads.deml_oam import compose_boxes
+
+    outer = torch.tensor([[8.0, 4.0, 24.0, 12.0]])  # a 16 x 8 crop of a 32 x 16 image
+    inner = torch.tensor([[0.0, 8.0, 16.0, 16.0]])  # its lower half-width, in the crop's (resized) frame
+    assert compose_boxes(outer, inner, (16, 32)).tolist() == [[8.0, 8.0, 16.0, 12.0]]
+
+
+def test_attention_boxes_on_flat_single_pixel_and_non_square_maps():
+    """A map flat to 1e-6 of its magnitude is no object (the whole image), however large its values; a faint but
+    real pattern is one; a single hot pixel is a box of side 1; the square side never exceeds the shorter side."""
+    from deepmetric.models.heads.deml_oam import attention_box
+
+    noise = np.random.default_rng(0).random((6, 6))
+    assert attention_box(1000.0 + 1e-5 * noise) == (0, 0, 6, 6)
+    hot = np.zeros((6, 6))
+    hot[2, 4] = 1.0
+    assert attention_box(1e-3 + 1e-7 * hot) == (4, 2, 5, 3)  # faint (1e-4 of its magnitude) but there
+    assert attention_box(hot) == (4, 2, 5, 3)
+    tall = np.zeros((12, 6))
+    tall[1:11, 2:4] = 1.0
+    assert attention_box(tall)[2] - attention_box(tall)[0] == 6 and attention_box(tall)[2] <= 6
+    assert attention_box(tall.T)[3] - attention_box(tall.T)[1] == 6 and attention_box(tall.T)[3] <= 6
