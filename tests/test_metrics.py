@@ -426,6 +426,19 @@ def test_a_block_of_queries_holds_three_float32_matrices_within_the_memory_budge
     assert b >= 1 and (b == 1 or 3 * 4 * n_gallery * b <= budget) and 3 * 4 * n_gallery * (b + 1) > budget
 
 
+def test_iter_knn_walks_the_queries_in_blocks_sized_for_the_gallery_and_budget():
+    """The kNN holds one block of queries at a time: ``block_rows_for(gallery rows, memory_mb)`` rows (the gallery's
+    row count, not its width, sets the block)."""
+    from deepmetric.evaluation.knn import block_rows_for, iter_knn
+
+    x = torch.nn.functional.normalize(torch.randn(300, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    memory_mb = 0.1
+    block = block_rows_for(300, memory_mb)
+    assert 1 < block < 300
+    starts = [start for start, _, _ in iter_knn(x, x, 3, memory_mb=memory_mb)]
+    assert starts == list(range(0, 300, block))
+
+
 @pytest.mark.parametrize("self_index", [False, True])
 def test_the_faiss_engine_searches_with_faiss_and_returns_the_torch_engines_neighbours(monkeypatch, self_index):
     """``engine="faiss"`` takes its candidates from a faiss index (not a silent fall-back to torch, which would
