@@ -47,6 +47,7 @@ def test_every_head_is_a_head_with_an_embedding_of_its_declared_size(trained_ste
     head = model.head
     assert isinstance(head, Head), name
     assert output.embedding.shape == (len(LABELS), head.embedding_dim) == (len(LABELS), model.embedding_dim)
+    assert head.embedding_dim == EMBEDDING_DIM, name  # the size asked for (it splits evenly over every learner)
     assert torch.isfinite(output.embedding).all()
     if head.normalized:
         assert _unit_rows(output.embedding), name

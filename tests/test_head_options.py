@@ -67,10 +67,14 @@ def test_c_grouping_weights_the_pooled_channels_by_each_groups_excitation():
 def test_grouping_heads_accept_one_dimension_per_group_and_keep_their_input_width():
     """embedding_dim == groups is allowed (one dimension each); fewer is refused; the baselines read in_channels."""
     for cls in (NGroupingHead, MGroupingHead, GGroupingHead, CGroupingHead):
-        head = cls(in_channels=12, embedding_dim=4, **({} if cls is NGroupingHead else {"groups": 4}))
-        assert head(features(2, 12, 3, 3)).embedding.shape == (2, 4)
+        head = cls(in_channels=12, embedding_dim=2, **({} if cls is NGroupingHead else {"groups": 2}))
+        out = head(features(2, 12, 3, 3))
+        assert out.embedding.shape == (2, 2) and len(out.parts) == (1 if cls is NGroupingHead else 2)
     with pytest.raises(ConfigError):
         MGroupingHead(in_channels=12, embedding_dim=3, groups=4)
+    # the bottlenecks keep at least one unit: 4 channels // 8 and // 5 leave one
+    assert GGroupingHead(in_channels=4, embedding_dim=2, groups=2, reduction=8).shared.out_channels == 1
+    assert CGroupingHead(in_channels=4, embedding_dim=2, groups=2, se_reduction=5).squeeze[0].out_features == 1
 
 
 def test_dgml_parameter_groups_and_key_dim_bound():
@@ -128,9 +132,12 @@ def test_each_factorization_builds_its_own_factor_and_embedding():
     sketch = build("tensor_sketch")
     assert isinstance(sketch.factor, TensorSketch) and sketch.representation_dim == 32
     assert torch.equal(build("tensor_sketch").factor(features(3, 6)), sketch.factor(features(3, 6)))  # its seed
+    other = SecondOrderHead(in_channels=6, factorization="tensor_sketch", reduce_dim=None, sketch_dim=32, seed=4)
+    assert not torch.equal(other.factor(features(3, 6)), sketch.factor(features(3, 6)))
     rank_one = build("rank_one")
     assert isinstance(rank_one.embed, torch.nn.Identity) and rank_one.representation_dim == 8
     assert isinstance(rank_one.factor, HighOrderMoments) and rank_one.factor.orders == 2
+    assert rank_one.factor.mode == "learned" and maclaurin.factor.mode == "rm_fixed"
     low_rank = build("hpbp")
     assert low_rank.representation_dim == 5 and low_rank.embed.in_features == 5 and low_rank.embed.bias is None
     assert low_rank.factor.orders == 2
@@ -150,7 +157,7 @@ def test_jcf_starts_from_its_documented_initialisation_and_bounds():
     big = JCFHead(in_channels=8, embedding_dim=8, codewords=400, rank=30, reduce_dim=None)
     assert big.a.std().item() == pytest.approx(1 / 20, rel=0.1) and big.b.std().item() == pytest.approx(1 / 20, rel=0.1)
     plain = JCFHead(in_channels=8, embedding_dim=8, codewords=2, factorization="none", reduce_dim=None)
-    assert plain.embed.bias is None
+    assert plain.embed.bias is None and plain.feature_channels == 8  # extras["feature_map"]'s channels
     with pytest.raises(ConfigError, match="codewords and rank must be positive"):
         JCFHead(in_channels=8, codewords=0)
 
@@ -164,6 +171,21 @@ def test_phi_stages_name_the_attention_trunk(head):
                           phi_stages=["stage2", "stage3"], **options)
     assert [n for n, _ in chosen.head.phi.named_children()] == ["stage2", "stage3"]
     assert [n for n, _ in default.head.phi.named_children()] != ["stage2", "stage3"]
+    with pytest.raises(ConfigError, match=r"has no stage\(s\) \['stage9'\]"):
+        create_model(backbone="tiny", head=head, embedding_dim=16, pretrained=False, phi_stages=["stage9"], **options)
+
+
+def test_attention_coarser_than_the_features_is_resized_bilinearly_without_aligned_corners():
+    """phi on stages 2-3 gives maps coarser than the trunk's output it weights (pre-attention): they are resized
+    to it with bilinear interpolation, align_corners=False."""
+    torch.manual_seed(0)
+    model = create_model(backbone="tiny", head="abe", embedding_dim=16, pretrained=False, num_learners=2,
+                         phi_stages=["stage2", "stage3"])
+    head, x = model.head, model.trunk(torch.rand(2, 3, 64, 64))
+    coarse = head.selector(head.phi(x))
+    assert coarse.shape[-2:] != x.shape[-2:]
+    expected = F.interpolate(coarse.flatten(1, 2), size=x.shape[-2:], mode="bilinear", align_corners=False)
+    torch.testing.assert_close(head.attention_maps(x, x.shape[-2:]).flatten(1, 2), expected)
 
 
 def test_diablo_options_reach_its_selection_and_embedding():
@@ -304,6 +326,7 @@ def test_the_spatial_sigma_reaches_the_random_walk():
 
     x = features(1, 4, 5, 5)
     assert not torch.allclose(stationary_mass(x, 5, 0.0), stationary_mass(x, 5, 0.8))
+    assert not torch.allclose(stationary_mass(x, 1, 0.8), stationary_mass(x, 10, 0.8))  # and the step count
 
 
 def test_a_box_inside_a_crop_is_scaled_by_the_crops_width_and_height():
@@ -321,6 +344,9 @@ def test_attention_boxes_on_flat_single_pixel_and_non_square_maps():
 
     noise = np.random.default_rng(0).random((6, 6))
     assert attention_box(1000.0 + 1e-5 * noise) == (0, 0, 6, 6)
+    spike = np.zeros((6, 6))
+    spike[2, 4] = 1.0
+    assert attention_box(1000.0 + 1e-5 * spike) == (0, 0, 6, 6)  # 1e-8 of its magnitude: flat, not a spike
     hot = np.zeros((6, 6))
     hot[2, 4] = 1.0
     assert attention_box(1e-3 + 1e-7 * hot) == (4, 2, 5, 3)  # faint (1e-4 of its magnitude) but there
