@@ -217,6 +217,11 @@ def test_gap_and_mheads_declare_what_their_consumers_read():
     model = create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False)
     out = model(torch.rand(2, 3, 32, 32))
     assert model.head.pooled_dim == out.extras["pooled"].shape[1]
+    bare = create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False, use_tail=False)
+    assert isinstance(bare.head.tail, torch.nn.Identity) and bare(torch.rand(2, 3, 32, 32)).embedding.shape == (2, 16)
+    bilinear = create_model(backbone="tiny", head="bilinear", embedding_dim=16, pretrained=False,
+                            pooling="covariance", reduce_dim=4)
+    assert bilinear.head.pooling == "covariance" and bilinear.head.representation_dim == 16  # its options arrive
     mheads = create_model(backbone="tiny", head="mheads", embedding_dim=16, pretrained=False, num_heads=2)
     assert mheads(torch.rand(2, 3, 32, 32)).extras["feature_map"].dim() == 4
 
