@@ -426,6 +426,15 @@ def test_a_block_of_queries_holds_three_float32_matrices_within_the_memory_budge
     assert b >= 1 and (b == 1 or 3 * 4 * n_gallery * b <= budget) and 3 * 4 * n_gallery * (b + 1) > budget
 
 
+def test_faiss_is_available_exactly_when_it_imports(monkeypatch):
+    import sys
+
+    from deepmetric.evaluation.knn import faiss_available
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` now raises ImportError
+    assert faiss_available() is False
+
+
 def test_iter_knn_walks_the_queries_in_blocks_sized_for_the_gallery_and_budget():
     """The kNN holds one block of queries at a time: ``block_rows_for(gallery rows, memory_mb)`` rows (the gallery's
     row count, not its width, sets the block)."""
