@@ -3,8 +3,8 @@
 Study runs are trained one after another (often by several processes at once, on a machine doing other work), so
 their wall times do not compare. This script trains each variant of a study file for a few steps with the real
 trainer (data loading, the objective, MIRAGE's extra steps, all of it) in rounds -- variant 1, 2, ..., then again
--- so every variant meets the same machine, and reports the median images/s of the logged windows after the
-first (which holds the warm-up) and its ratio to the first variant. The runs go to a temporary folder; validation
+-- after one untimed warm-up run, so every variant meets the same machine, and reports the median images/s of the
+logged windows after the first (which holds each run's own warm-up) and its ratio to the first variant. The runs go to a temporary folder; validation
 and the test evaluation are off.
 
     DEEPMETRIC_DATA=/tmp/dmdata .venv/bin/python benchmarks/study_train_speed.py configs/studies/emoji.yaml \
@@ -53,6 +53,9 @@ def main() -> None:
     runs = [run for run in spec.runs() if run.repeat == spec.repeats[0] and run.variant in only]
     rates: dict[str, list[float]] = {run.variant: [] for run in runs}
     with tempfile.TemporaryDirectory() as scratch:
+        # an untimed run first: the process's first training (thread pools, allocator, the image table's cache) is
+        # slower than any later one, and would otherwise be charged to the first variant, the reference
+        train(build_config(*runs[0].layers), Path(scratch) / "warm-up", progress=False)
         for round_ in range(args.rounds):
             for run in runs:
                 folder = Path(scratch) / f"{run.variant}-{round_}"
