@@ -4,8 +4,8 @@ Study runs are trained one after another (often by several processes at once, on
 their wall times do not compare. This script trains each variant of a study file for a few steps with the real
 trainer (data loading, the objective, MIRAGE's extra steps, all of it) in rounds -- variant 1, 2, ..., then again
 -- after one untimed warm-up run, so every variant meets the same machine, and reports the median images/s of the
-logged windows after the first (which holds each run's own warm-up) and its ratio to the first variant. The runs go to a temporary folder; validation
-and the test evaluation are off.
+logged windows after the first (which holds each run's own warm-up) and its ratio to the first variant. The runs
+go to a temporary folder; validation and the test evaluation are off.
 
     DEEPMETRIC_DATA=/tmp/dmdata .venv/bin/python benchmarks/study_train_speed.py configs/studies/emoji.yaml \
         [--steps 24] [--log-every 6] [--rounds 2] [--only gap,abe] [key=value ...]
