@@ -80,6 +80,7 @@ def test_grouping_heads_accept_one_dimension_per_group_and_keep_their_input_widt
 def test_dgml_parameter_groups_and_key_dim_bound():
     """The groups the optimiser gives their own rates (train.groups.<name>) carry these names; key_dim = 1 is
     allowed; the queries start in U(-1/sqrt(D_K), 1/sqrt(D_K))."""
+    torch.manual_seed(0)
     head = AGroupingHead(in_channels=16, embedding_dim=8, groups=2, key_dim=1, projection=True)
     assert sorted(head.parameter_groups()) == ["key_value", "pretrained", "projection", "queries"]
     assert head.parameter_groups()["projection"] == list(head.projection.parameters())
@@ -205,6 +206,7 @@ def test_diablo_options_reach_its_selection_and_embedding():
 
 def test_tail_chunk_accepts_one_and_the_attention_embedding_starts_symmetric():
     assert check_tail_chunk(1) == 1
+    torch.manual_seed(0)
     head = create_model(backbone="tiny", head="diablo", embedding_dim=64, pretrained=False, num_entries=2).head
     weight = head.embed.weight
     bound = 1 / math.sqrt(weight.shape[-1])
