@@ -60,13 +60,15 @@ def main() -> None:
             for run in runs:
                 folder = Path(scratch) / f"{run.variant}-{round_}"
                 train(build_config(*run.layers), folder, progress=False)
-                rates[run.variant] += windows(folder)
-                print(f"round {round_ + 1}/{args.rounds} {run.variant}: "
-                      f"{statistics.median(windows(folder)):.1f} images/s", flush=True)
+                measured = windows(folder)
+                rates[run.variant] += measured
+                print(f"round {round_ + 1}/{args.rounds} {run.variant}: {statistics.median(measured):.1f} images/s",
+                      flush=True)
 
-    reference = statistics.median(rates[runs[0].variant])
-    rows = [{"variant": name, "images_per_s": statistics.median(r), "windows": len(r),
-             "time_ratio": reference / statistics.median(r)} for name, r in rates.items()]
+    medians = {name: statistics.median(r) for name, r in rates.items()}
+    reference = medians[runs[0].variant]
+    rows = [{"variant": name, "images_per_s": medians[name], "windows": len(rates[name]),
+             "time_ratio": reference / medians[name]} for name in rates]
     print(f"\n| variant | images/s | time per image, × {runs[0].variant} |\n|---|---|---|")
     for row in rows:
         print(f"| {row['variant']} | {row['images_per_s']:.1f} | {row['time_ratio']:.2f} |")

@@ -25,6 +25,11 @@ from deepmetric.models.high_order.matrix import newton_schulz_sqrt
 from deepmetric.models.high_order.sketch import TensorSketch
 
 
+def tiny(head, embedding_dim=16, **options):
+    """``head`` with ``options`` on the tiny random-weight backbone."""
+    return create_model(backbone="tiny", head=head, embedding_dim=embedding_dim, pretrained=False, **options)
+
+
 def features(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
@@ -167,21 +172,19 @@ def test_jcf_starts_from_its_documented_initialisation_and_bounds():
 @pytest.mark.parametrize("head", ["abe", "diablo"])
 def test_phi_stages_name_the_attention_trunk(head):
     options = {"num_learners": 2} if head == "abe" else {"num_entries": 2}
-    default = create_model(backbone="tiny", head=head, embedding_dim=16, pretrained=False, **options)
-    chosen = create_model(backbone="tiny", head=head, embedding_dim=16, pretrained=False,
-                          phi_stages=["stage2", "stage3"], **options)
+    default = tiny(head, **options)
+    chosen = tiny(head, phi_stages=["stage2", "stage3"], **options)
     assert [n for n, _ in chosen.head.phi.named_children()] == ["stage2", "stage3"]
     assert [n for n, _ in default.head.phi.named_children()] != ["stage2", "stage3"]
     with pytest.raises(ConfigError, match=r"has no stage\(s\) \['stage9'\]"):
-        create_model(backbone="tiny", head=head, embedding_dim=16, pretrained=False, phi_stages=["stage9"], **options)
+        tiny(head, phi_stages=["stage9"], **options)
 
 
 def test_attention_coarser_than_the_features_is_resized_bilinearly_without_aligned_corners():
     """phi on stages 2-3 gives maps coarser than the trunk's output it weights (pre-attention): they are resized
     to it with bilinear interpolation, align_corners=False."""
     torch.manual_seed(0)
-    model = create_model(backbone="tiny", head="abe", embedding_dim=16, pretrained=False, num_learners=2,
-                         phi_stages=["stage2", "stage3"])
+    model = tiny("abe", num_learners=2, phi_stages=["stage2", "stage3"])
     head, x = model.head, model.trunk(torch.rand(2, 3, 64, 64))
     coarse = head.selector(head.phi(x))
     assert coarse.shape[-2:] != x.shape[-2:]
@@ -193,7 +196,7 @@ def test_diablo_options_reach_its_selection_and_embedding():
     """Post-attention weights the tail's output (its channels), pre-attention the trunk's; one entry is allowed;
     shared_embedding=True is one C x D/N matrix for every branch."""
     def diablo(**options):
-        return create_model(backbone="tiny", head="diablo", embedding_dim=16, pretrained=False, **options).head
+        return tiny("diablo", **options).head
 
     pre, post = diablo(strategy="pre", num_entries=2), diablo(strategy="post", num_entries=2)
     assert pre.selector.dictionary.shape[1] != post.selector.dictionary.shape[1]
@@ -207,7 +210,7 @@ def test_diablo_options_reach_its_selection_and_embedding():
 def test_tail_chunk_accepts_one_and_the_attention_embedding_starts_symmetric():
     assert check_tail_chunk(1) == 1
     torch.manual_seed(0)
-    head = create_model(backbone="tiny", head="diablo", embedding_dim=64, pretrained=False, num_entries=2).head
+    head = tiny("diablo", embedding_dim=64, num_entries=2).head
     weight = head.embed.weight
     bound = 1 / math.sqrt(weight.shape[-1])
     assert weight.abs().max() <= bound and weight.min() < -0.8 * bound and weight.max() > 0.8 * bound
@@ -216,22 +219,20 @@ def test_tail_chunk_accepts_one_and_the_attention_embedding_starts_symmetric():
 def test_gap_and_mheads_declare_what_their_consumers_read():
     """GAP's pooled_dim is the width of extras['pooled'] (MIRAGE's feature space); M-heads hands its feature map to
     `explain`."""
-    model = create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False)
+    model = tiny("gap")
     out = model(torch.rand(2, 3, 32, 32))
     assert model.head.pooled_dim == out.extras["pooled"].shape[1]
-    bare = create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False, use_tail=False)
+    bare = tiny("gap", use_tail=False)
     assert isinstance(bare.head.tail, torch.nn.Identity) and bare(torch.rand(2, 3, 32, 32)).embedding.shape == (2, 16)
-    bilinear = create_model(backbone="tiny", head="bilinear", embedding_dim=16, pretrained=False,
-                            pooling="covariance", reduce_dim=4)
+    bilinear = tiny("bilinear", pooling="covariance", reduce_dim=4)
     assert bilinear.head.pooling == "covariance" and bilinear.head.representation_dim == 16  # its options arrive
-    mheads = create_model(backbone="tiny", head="mheads", embedding_dim=16, pretrained=False, num_heads=2)
+    mheads = tiny("mheads", num_heads=2)
     assert mheads(torch.rand(2, 3, 32, 32)).extras["feature_map"].dim() == 4
 
 
 # ----------------------------------------------------------------------------------------------- DeML
 def test_deml_regions_are_width_by_height_on_a_non_square_image():
-    model = create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=2,
-                         num_branches=2)
+    model = tiny("deml", num_scales=2, num_branches=2)
     out = model(torch.rand(2, 3, 32, 48))
     assert out.extras["regions"][:, 0].tolist() == [[0.0, 0.0, 48.0, 32.0]] * 2
 
@@ -240,8 +241,8 @@ def test_deml_object_attention_reads_a_trunk_stage_before_the_gates():
     """An OAM source in the trunk f (before the CAMs) is that stage's output, shared by the branches; one in the
     tail g is the first branch's map."""
     torch.manual_seed(0)
-    model = create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=1,
-                         num_branches=2, oam_layers=["stage1", "stage3"], oam_steps=4, spatial_sigma=0.5)
+    model = tiny("deml", num_scales=1, num_branches=2, oam_layers=["stage1", "stage3"], oam_steps=4,
+                 spatial_sigma=0.5)
     head, images = model.head, model.trunk(torch.rand(2, 3, 32, 32))
     u = head.fnets[0].stage1(images)
     v = u.unsqueeze(1) * head.gates[0](u)
@@ -255,7 +256,7 @@ def test_deml_object_attention_reads_a_trunk_stage_before_the_gates():
 def test_deml_refuses_a_scale_count_or_a_branch_count_below_one():
     for bad in ({"num_scales": 0, "num_branches": 2}, {"num_scales": 2, "num_branches": 0}):
         with pytest.raises(ConfigError):
-            create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, **bad)
+            tiny("deml", **bad)
 
 
 # ----------------------------------------------------------------------------------------------- the output and export
@@ -279,13 +280,12 @@ def test_head_output_float_converts_every_floating_tensor_and_keeps_the_rest():
 
 def test_only_a_multi_scale_deml_says_why_it_cannot_be_exported():
     def deml(scales):
-        return create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=scales,
-                            num_branches=2).head
+        return tiny("deml", num_scales=scales, num_branches=2).head
 
     assert deml(1).export_blocker() is None
     reason = deml(2).export_blocker()
     assert reason.startswith("with 2 scales, each scale's crop box is found by the object-attention module")
-    assert create_model(backbone="tiny", head="gap", embedding_dim=16, pretrained=False).head.export_blocker() is None
+    assert tiny("gap").head.export_blocker() is None
 
 
 def test_option_names_are_the_builders_keywords_without_what_the_run_provides():
@@ -304,7 +304,7 @@ def test_option_names_are_the_builders_keywords_without_what_the_run_provides():
 @pytest.mark.parametrize(("head", "options"), [("abe", {"num_learners": 3}), ("diablo", {"num_entries": 3}),
                                                ("mheads", {"num_heads": 3})])
 def test_attention_maps_are_one_per_branch_at_the_feature_maps_size(head, options):
-    model = create_model(backbone="tiny", head=head, embedding_dim=12, pretrained=False, **options)
+    model = tiny(head, embedding_dim=12, **options)
     out = model(torch.rand(2, 3, 64, 48))
     if out.attention is not None:
         assert out.attention.shape[:2] == (2, 3) and out.attention.dim() == 4
@@ -313,8 +313,7 @@ def test_attention_maps_are_one_per_branch_at_the_feature_maps_size(head, option
 
 def test_deml_cam_form_chooses_pooled_or_per_pixel_gates():
     def gates(**options):
-        return create_model(backbone="tiny", head="deml", embedding_dim=16, pretrained=False, num_scales=1,
-                            num_branches=2, **options).head.gates[0]
+        return tiny("deml", num_scales=1, num_branches=2, **options).head.gates[0]
 
     assert gates().pooled and gates(cam_form="pooled").pooled and not gates(cam_form="pixel").pooled
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +32,11 @@ def setup(**options):
     images = torch.rand(12, 3, 16, 16)
     labels = torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4])
     return config, model, generator, images, labels
+
+
+def embedding_head(embedding_dim, normalized):
+    """A stand-in head without a pooled encoder: MIRAGE works in its embedding space (l2 or not)."""
+    return SimpleNamespace(pooled_dim=None, embedding_dim=embedding_dim, normalized=normalized)
 
 
 def snapshot(params):
@@ -379,8 +385,6 @@ def test_nearest_prototype_is_virtual_counts_training_prototypes_with_a_virtual_
 def test_each_option_reaches_the_network_or_optimiser_it_names():
     """MirageOptions' documented knobs (generator output, discriminator heads, learning rates, Adam's betas) are the
     ones the built networks and optimisers carry; the prototypes start near the unit sphere (randn / sqrt(D))."""
-    from types import SimpleNamespace
-
     from deepmetric.generators.mirage import MirageOptions
 
     _, model, generator, *_ = setup(mode="both", virtual_ratio=0.4)
@@ -399,12 +403,12 @@ def test_each_option_reaches_the_network_or_optimiser_it_names():
         assert tuned.optimizers[name].param_groups[0]["lr"] == lr
     assert tuned.optimizers["generator"].param_groups[0]["betas"] == (0.3, 0.9)
     assert tuned.optimizers["discriminator"].param_groups[0]["betas"] == (0.3, 0.9)
-    wide = MirageGenerator(SimpleNamespace(pooled_dim=None, embedding_dim=256, normalized=False), 40, 12, seed=3)
+    wide = MirageGenerator(embedding_head(256, normalized=False), 40, 12, seed=3)
     assert (wide.prototypes.detach().pow(2).sum(1).mean() - 1).abs() < 0.05  # E||p||^2 = 1
     assert isinstance(wide.generator[-1], torch.nn.Linear)  # embeddings can be negative: no final ReLU
     x = torch.randn(4, 256) * 3
     assert torch.equal(wide.encode(x), x)  # no l2 for a head that does not normalise
-    unit = MirageGenerator(SimpleNamespace(pooled_dim=None, embedding_dim=8, normalized=True), 4, 12)
+    unit = MirageGenerator(embedding_head(8, normalized=True), 4, 12)
     assert torch.allclose(unit.encode(x[:, :8]).norm(dim=1), torch.ones(4))
     for good in ({"projection": "pca"}, {"generator_output": "relu"}, {"generator_output": "linear"}):
         MirageOptions(**good)
@@ -476,19 +480,14 @@ def test_the_adversarial_gradient_of_the_prototypes_adds_to_their_metric_loss_gr
 def test_the_normalisations_follow_the_head_unless_an_option_says_otherwise():
     """n(.) of G's input is l2 when the head's embeddings are (``normalize_input`` unset) and as the option says
     otherwise; the prototype rows added to the batch are l2-normalised only for a normalising head."""
-    from types import SimpleNamespace
-
-    def head(normalized):
-        return SimpleNamespace(pooled_dim=None, embedding_dim=8, normalized=normalized)
-
     z = torch.randn(6, 8) * 3
     eps = torch.zeros(6, 8)
     for normalized, option, unit in ((True, None, True), (True, False, False), (False, None, False),
                                      (False, True, True)):
-        generator = MirageGenerator(head(normalized), 4, 12, normalize_input=option)
+        generator = MirageGenerator(embedding_head(8, normalized), 4, 12, normalize_input=option)
         norms = generator.noisy(z, eps).norm(dim=1)
         assert torch.allclose(norms, torch.ones(6)) == unit, (normalized, option)
-    raw = MirageGenerator(head(False), 4, 12, mode="both")
+    raw = MirageGenerator(embedding_head(8, normalized=False), 4, 12, mode="both")
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     batch = raw.generate(SimpleNamespace(embedding=torch.randn(6, 8)), labels)
     proxies = batch.embeddings[batch.examples:]
