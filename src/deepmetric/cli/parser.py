@@ -1,28 +1,13 @@
-"""``deepmetric <command>``: parses arguments, builds the config, calls the library. Nothing else.
-
-Errors a user can cause are printed as one line (``error: ...``) with exit status 2.
-"""
+"""The argument parser of ``deepmetric <command>``: every command, its options and their checks."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from . import __version__
-from .config import build_config, load_yaml, merge_layers, parse_override
-from .errors import DeepMetricError, TrainingInterrupted
-from .evaluation.engines import KNN_ENGINES
-from .io import to_json
-
-log = logging.getLogger("deepmetric")
-
-MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
+from .. import __version__
+from ..evaluation.engines import KNN_ENGINES
+from . import commands
 
 
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Any:
@@ -45,253 +30,6 @@ def _number(kind: type, low: float, high: float | None = None, low_open: bool = 
 
 
 POSITIVE_INT, COUNT, POSITIVE = _number(int, 1), _number(int, 0), _number(float, 0, low_open=True)
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (newlines kept): an error quoting user input must not drive the
-    terminal (an ESC sequence in a head name reached it raw)."""
-    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-
-
-def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    flags: dict[str, Any] = {}
-    pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
-             ("loss", "name", args.loss), ("train", "steps", args.steps), ("generator", "name", args.generator)]
-    if args.skip_bad_images:
-        flags.setdefault("data", {})["skip_bad_images"] = True
-    if args.trust_pickle:
-        flags.setdefault("model", {})["trust_pickle"] = True
-    for section, key, value in pairs:
-        if value is not None:
-            flags.setdefault(section, {})[key] = value
-    overrides: dict[str, Any] = {}
-    for text in args.overrides:
-        overrides = merge_layers(overrides, parse_override(text))
-    return [flags, overrides]
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    layers = _train_layers(args)
-    if args.resume:
-        if not args.out:
-            raise DeepMetricError("--resume needs --out RUN_DIR")
-        if args.config:
-            raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
-                                  "key=value overrides instead of --config")
-        from .training.run_dir import RunDir
-
-        saved = RunDir(args.out).config().to_dict()
-        config = build_config(saved, *layers)
-    else:
-        base = load_yaml(args.config) if args.config else {}
-        config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
-    from .training import train
-    from .workflows import add_regularizers, evaluate_run_embeddings, results_table
-
-    if args.regularizer:
-        add_regularizers(config, args.regularizer)
-    out = Path(args.out) if args.out else Path("runs") / (
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
-        f"-{config.model.head}")
-    if args.nproc > 1:
-        from .training.launch import launch
-
-        started = time.perf_counter()
-        launch(config, out, args.nproc, resume=args.resume, progress=not args.quiet)
-        print(f"trained {config.train.steps} steps with {args.nproc} processes in "
-              f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
-    else:
-        result = train(config, out, resume=args.resume, progress=not args.quiet)
-        print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
-        if result.best_step is not None:
-            print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
-    from .distributed import rank_from_env
-
-    if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
-        return 0
-    if not args.no_test:
-        record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)
-        print(results_table(out, record))
-        if config.eval.report:
-            from .report import build_report
-
-            print(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from .report import build_report
-
-    print(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluation.table import format_table
-    from .workflows import evaluate_all_embeddings, evaluate_run, results_table
-
-    if args.all_embeddings:
-        if args.data:
-            raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
-        record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
-                                         progress=not args.quiet)
-        print(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
-        return 0
-    record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
-    print(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
-    return 0
-
-
-def cmd_embed(args: argparse.Namespace) -> int:
-    from .workflows import embed_images
-
-    out, paths, n = embed_images(args.run_dir, args.images, args.out, which=args.checkpoint,
-                                 batch_size=args.batch_size, progress=not args.quiet)
-    print(f"wrote {n} embeddings to {out} (image paths in {paths})")
-    return 0
-
-
-def cmd_presets(args: argparse.Namespace) -> int:
-    from .presets import format_presets, list_presets
-
-    kind = "study" if args.studies else "config"
-    presets = list_presets(args.pattern, kind)
-    if args.json:
-        print(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
-                       for p in presets], indent=2))
-    else:
-        print(format_presets(presets, kind))
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_run
-
-    result = export_run(args.run_dir, args.out, format=args.format, which=args.checkpoint)
-    print(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
-          f"{result.image_size} x {result.image_size} RGB images, any batch size; input size and normalisation in "
-          f"{result.metadata}); its embeddings differ from PyTorch's by at most {result.max_error:.1e}")
-    return 0
-
-
-def cmd_index(args: argparse.Namespace) -> int:
-    from .retrieval import index_images
-
-    result = index_images(args.run_dir, args.images, args.out, kind="ivf-pq" if args.ivf_pq else "flat",
-                          add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
-                          batch_size=args.batch_size, progress=not args.quiet)
-    skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
-    print(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
-          f"{result.count} images ({result.kind} index)")
-    return 0
-
-
-def cmd_search(args: argparse.Namespace) -> int:
-    from .retrieval import Searcher
-
-    searcher = Searcher(args.index_dir)
-    hits = searcher.search_file(args.image, args.k)
-    if args.json:
-        print(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
-    else:
-        width = max(len(h.name) for h in hits)
-        print(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
-        for rank, hit in enumerate(hits, 1):
-            print(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        from .retrieval.service import ServiceLimits, serve
-    except ImportError as missing:
-        raise DeepMetricError(f"serving needs fastapi, uvicorn and python-multipart ({missing.name} is missing): "
-                              "pip install 'deepmetric[serve]'") from None
-    limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
-                           workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
-    serve(args.index_dir, args.host, args.port, limits)
-    return 0
-
-
-def cmd_study(args: argparse.Namespace) -> int:
-    from .studies import load_study, run_study
-
-    spec = load_study(args.file, [parse_override(text) for text in args.overrides])
-    if args.out:
-        spec.out = Path(args.out)
-    if args.dry_run:
-        from .studies.dry_run import dry_run, format_dry_run
-
-        rows = dry_run(spec)
-        print(format_dry_run(spec, rows))
-        failing = [f"{row.run} / {row.repeat}" for row in rows if not row.ok]
-        if failing:
-            raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
-                                  + ", ".join(failing))
-        return 0
-    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
-    paths = run_study(spec, progress=not args.quiet, only=only)
-    print(paths["md"].read_text())
-    print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
-    if "embeddings_md" in paths:
-        print(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
-    return 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    from .viz import explain_dataset, explain_images
-
-    if not args.images and not args.data:
-        raise DeepMetricError("explain needs --images PATH (overlays per image) and/or --data [SPEC] (top images "
-                              "per group over a data set split)")
-    if args.images:
-        written = explain_images(args.run_dir, args.images, args.out, which=args.checkpoint,
-                                 batch_size=args.batch_size, progress=not args.quiet)
-        print(f"wrote {len(written)} attention overlays to {args.out}")
-    if args.data:
-        spec = None if args.data is True else args.data
-        path = explain_dataset(args.run_dir, args.out, data_spec=spec, split=args.split, top=args.top,
-                               which=args.checkpoint, batch_size=args.batch_size, progress=not args.quiet)
-        print(f"wrote the top {args.top} {args.split} images per group to {path}")
-    return 0
-
-
-def _load_array(path: str, what: str) -> np.ndarray:
-    file = Path(path)
-    if not file.is_file():
-        raise DeepMetricError(f"{what} file {file} does not exist")
-    try:
-        return np.load(file, allow_pickle=False)
-    except ValueError as error:
-        raise DeepMetricError(f"{what} file {file} is not a plain .npy array (pickled arrays are refused): "
-                              f"{error}") from None
-
-
-def _parse_ranks(text: str) -> list[int]:
-    try:
-        ranks = [int(k) for k in text.split(",") if k.strip()]
-    except ValueError:
-        raise DeepMetricError(f"--recall-at must be comma-separated integers, got '{text}'") from None
-    if not ranks or min(ranks) < 1 or max(ranks) > MAX_RANK:
-        raise DeepMetricError(f"--recall-at must hold ranks from 1 to {MAX_RANK:,}, got '{text}'")
-    return ranks
-
-
-def cmd_metrics(args: argparse.Namespace) -> int:
-    from .evaluation import retrieval_metrics
-    from .evaluation.table import format_table
-
-    query = _load_array(args.embeddings, "embeddings")
-    labels = _load_array(args.labels, "labels")
-    gallery = gallery_labels = None
-    if args.gallery:
-        gallery = _load_array(args.gallery[0], "gallery embeddings")
-        gallery_labels = _load_array(args.gallery[1], "gallery labels")
-    metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
-                                nmi=not args.no_nmi, engine=args.engine)
-    print(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
-    return 0
-
 
 def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """The options every command that loads a run's model shares: checkpoint, batch size, progress."""
@@ -336,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=POSITIVE_INT, default=1,
                    help="train with N local processes on torch.distributed (gloo on CPU, NCCL on GPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=commands.cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a run on its test split; writes RUN_DIR/metrics.json")
     p.add_argument("run_dir")
@@ -351,14 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "RUN_DIR/metrics-all-embeddings.json")
     p.add_argument("--pca-dim", type=POSITIVE_INT, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=cmd_evaluate)
+    p.set_defaults(func=commands.cmd_evaluate)
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
     p.add_argument("run_dir")
     p.add_argument("--images", required=True, help="an image file or a folder of images")
     p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
     _add_run_options(p)
-    p.set_defaults(func=cmd_embed)
+    p.set_defaults(func=commands.cmd_embed)
 
     p = sub.add_parser("presets", help="list the presets that ship with deepmetric and the paper table each "
                        "reproduces", description="List the run configs that ship inside the package (use one with "
@@ -368,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 'abe/*', cub)")
     p.add_argument("--studies", action="store_true", help="list the study files instead of the run configs")
     p.add_argument("--json", action="store_true", help="print a JSON list of {name, kind, path, reproduces}")
-    p.set_defaults(func=cmd_presets)
+    p.set_defaults(func=commands.cmd_presets)
 
     p = sub.add_parser("export", help="export a run's embedder to ONNX (or TorchScript) for deployment",
                        description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
@@ -383,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx (default; onnxruntime and every ONNX runtime) or torchscript (torch.jit.load)")
     p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
                    help="auto: best if the run had a validation split, else last")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser("index", help="embed a gallery with a trained run into a faiss index (or --add to one)",
                        description="Embed every image of a gallery (a folder, one image, or a .txt list of paths) "
@@ -398,14 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pq-m", type=POSITIVE_INT,
                    help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
     _add_run_options(p)
-    p.set_defaults(func=cmd_index)
+    p.set_defaults(func=commands.cmd_index)
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
     p.add_argument("index_dir")
     p.add_argument("--image", required=True, help="the query image")
     p.add_argument("--k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object: query, results [{id, name, score}]")
-    p.set_defaults(func=cmd_search)
+    p.set_defaults(func=commands.cmd_search)
 
     p = sub.add_parser("serve", help="serve an index over HTTP: search page, POST /search, GET /images/{id}",
                        description="Serve INDEX_DIR with FastAPI + uvicorn: GET / (search page), GET /health, "
@@ -421,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=COUNT, default=16, help="requests waiting beyond those before 503 (default 16)")
     p.add_argument("--timeout", type=POSITIVE, default=30.0, help="seconds before a request is answered 503 (30)")
     p.add_argument("--max-k", type=POSITIVE_INT, default=100, help="largest k a client may ask for (default 100)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",
                        description="Run every unfinished run of a study file (or of a packaged study by name: "
@@ -437,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train only these variants now (every seed or split of each); the results still hold every "
                    "finished run of the study")
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=cmd_study)
+    p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "
                        "embedding map, config",
                        description="Write one self-contained HTML page about a run (figures embedded as PNG): "
@@ -446,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "deepmetric train writes it after the test evaluation (eval.report=false turns that off).")
     p.add_argument("run_dir")
     _add_run_options(p, batch_size=False)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=commands.cmd_report)
 
     p = sub.add_parser("explain", help="overlay each group's attention map on images (heads with attention)",
                        description="Draw what a run's head attends to: per image, every group's attention map "
@@ -460,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=POSITIVE_INT, default=12, help="images per group for --data (12, as DGML's figures)")
     p.add_argument("--out", required=True, help="output folder")
     _add_run_options(p)
-    p.set_defaults(func=cmd_explain)
+    p.set_defaults(func=commands.cmd_explain)
 
     p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")
     p.add_argument("embeddings", help="(N, D) .npy of query embeddings")
@@ -473,30 +211,5 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kNN engine (auto: cuda where torch sees a GPU, else numpy's BLAS products on non-Intel CPUs, "
                         "where torch's MKL is slow, torch otherwise); all exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
-    p.set_defaults(func=cmd_metrics)
+    p.set_defaults(func=commands.cmd_metrics)
     return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # key=value overrides may sit anywhere among the flags of `train` and `study`
-    stray = [a for a in extra if a.startswith("-") or "=" not in a or args.command not in ("train", "study")]
-    if stray:
-        parser.error(f"unrecognized arguments: {printable(' '.join(stray))}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
-    quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: noise for users
-    try:
-        return args.func(args)
-    except TrainingInterrupted as stopped:
-        print(str(stopped), file=sys.stderr)
-        return 128 + stopped.signum
-    except DeepMetricError as error:
-        print(f"error: {printable(str(error))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130

@@ -1,0 +1,261 @@
+"""The commands of ``deepmetric <command>``: each builds the config or loads the run and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import build_config, load_yaml, merge_layers, parse_override
+from ..errors import DeepMetricError
+from ..io import to_json
+
+MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (newlines kept): an error quoting user input must not drive the
+    terminal (an ESC sequence in a head name reached it raw)."""
+    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    flags: dict[str, Any] = {}
+    pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
+             ("loss", "name", args.loss), ("train", "steps", args.steps), ("generator", "name", args.generator)]
+    if args.skip_bad_images:
+        flags.setdefault("data", {})["skip_bad_images"] = True
+    if args.trust_pickle:
+        flags.setdefault("model", {})["trust_pickle"] = True
+    for section, key, value in pairs:
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+    overrides: dict[str, Any] = {}
+    for text in args.overrides:
+        overrides = merge_layers(overrides, parse_override(text))
+    return [flags, overrides]
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    layers = _train_layers(args)
+    if args.resume:
+        if not args.out:
+            raise DeepMetricError("--resume needs --out RUN_DIR")
+        if args.config:
+            raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
+                                  "key=value overrides instead of --config")
+        from ..training.run_dir import RunDir
+
+        saved = RunDir(args.out).config().to_dict()
+        config = build_config(saved, *layers)
+    else:
+        base = load_yaml(args.config) if args.config else {}
+        config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
+    from ..training import train
+    from ..workflows import add_regularizers, evaluate_run_embeddings, results_table
+
+    if args.regularizer:
+        add_regularizers(config, args.regularizer)
+    out = Path(args.out) if args.out else Path("runs") / (
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
+        f"-{config.model.head}")
+    if args.nproc > 1:
+        from ..training.launch import launch
+
+        started = time.perf_counter()
+        launch(config, out, args.nproc, resume=args.resume, progress=not args.quiet)
+        print(f"trained {config.train.steps} steps with {args.nproc} processes in "
+              f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
+    else:
+        result = train(config, out, resume=args.resume, progress=not args.quiet)
+        print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
+        if result.best_step is not None:
+            print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+    from ..distributed import rank_from_env
+
+    if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
+        return 0
+    if not args.no_test:
+        record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)
+        print(results_table(out, record))
+        if config.eval.report:
+            from ..report import build_report
+
+            print(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..report import build_report
+
+    print(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ..evaluation.table import format_table
+    from ..workflows import evaluate_all_embeddings, evaluate_run, results_table
+
+    if args.all_embeddings:
+        if args.data:
+            raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
+        record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
+                                         progress=not args.quiet)
+        print(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
+        return 0
+    record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
+    print(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from ..workflows import embed_images
+
+    out, paths, n = embed_images(args.run_dir, args.images, args.out, which=args.checkpoint,
+                                 batch_size=args.batch_size, progress=not args.quiet)
+    print(f"wrote {n} embeddings to {out} (image paths in {paths})")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from ..presets import format_presets, list_presets
+
+    kind = "study" if args.studies else "config"
+    presets = list_presets(args.pattern, kind)
+    if args.json:
+        print(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
+                       for p in presets], indent=2))
+    else:
+        print(format_presets(presets, kind))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..export import export_run
+
+    result = export_run(args.run_dir, args.out, format=args.format, which=args.checkpoint)
+    print(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
+          f"{result.image_size} x {result.image_size} RGB images, any batch size; input size and normalisation in "
+          f"{result.metadata}); its embeddings differ from PyTorch's by at most {result.max_error:.1e}")
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from ..retrieval import index_images
+
+    result = index_images(args.run_dir, args.images, args.out, kind="ivf-pq" if args.ivf_pq else "flat",
+                          add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
+                          batch_size=args.batch_size, progress=not args.quiet)
+    skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
+    print(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
+          f"{result.count} images ({result.kind} index)")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from ..retrieval import Searcher
+
+    searcher = Searcher(args.index_dir)
+    hits = searcher.search_file(args.image, args.k)
+    if args.json:
+        print(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
+    else:
+        width = max(len(h.name) for h in hits)
+        print(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from ..retrieval.service import ServiceLimits, serve
+    except ImportError as missing:
+        raise DeepMetricError(f"serving needs fastapi, uvicorn and python-multipart ({missing.name} is missing): "
+                              "pip install 'deepmetric[serve]'") from None
+    limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
+                           workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
+    serve(args.index_dir, args.host, args.port, limits)
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from ..studies import load_study, run_study
+
+    spec = load_study(args.file, [parse_override(text) for text in args.overrides])
+    if args.out:
+        spec.out = Path(args.out)
+    if args.dry_run:
+        from ..studies.dry_run import dry_run, format_dry_run
+
+        rows = dry_run(spec)
+        print(format_dry_run(spec, rows))
+        failing = [f"{row.run} / {row.repeat}" for row in rows if not row.ok]
+        if failing:
+            raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
+                                  + ", ".join(failing))
+        return 0
+    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
+    paths = run_study(spec, progress=not args.quiet, only=only)
+    print(paths["md"].read_text())
+    print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
+    if "embeddings_md" in paths:
+        print(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ..viz import explain_dataset, explain_images
+
+    if not args.images and not args.data:
+        raise DeepMetricError("explain needs --images PATH (overlays per image) and/or --data [SPEC] (top images "
+                              "per group over a data set split)")
+    if args.images:
+        written = explain_images(args.run_dir, args.images, args.out, which=args.checkpoint,
+                                 batch_size=args.batch_size, progress=not args.quiet)
+        print(f"wrote {len(written)} attention overlays to {args.out}")
+    if args.data:
+        spec = None if args.data is True else args.data
+        path = explain_dataset(args.run_dir, args.out, data_spec=spec, split=args.split, top=args.top,
+                               which=args.checkpoint, batch_size=args.batch_size, progress=not args.quiet)
+        print(f"wrote the top {args.top} {args.split} images per group to {path}")
+    return 0
+
+
+def _load_array(path: str, what: str) -> np.ndarray:
+    file = Path(path)
+    if not file.is_file():
+        raise DeepMetricError(f"{what} file {file} does not exist")
+    try:
+        return np.load(file, allow_pickle=False)
+    except ValueError as error:
+        raise DeepMetricError(f"{what} file {file} is not a plain .npy array (pickled arrays are refused): "
+                              f"{error}") from None
+
+
+def _parse_ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise DeepMetricError(f"--recall-at must be comma-separated integers, got '{text}'") from None
+    if not ranks or min(ranks) < 1 or max(ranks) > MAX_RANK:
+        raise DeepMetricError(f"--recall-at must hold ranks from 1 to {MAX_RANK:,}, got '{text}'")
+    return ranks
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from ..evaluation import retrieval_metrics
+    from ..evaluation.table import format_table
+
+    query = _load_array(args.embeddings, "embeddings")
+    labels = _load_array(args.labels, "labels")
+    gallery = gallery_labels = None
+    if args.gallery:
+        gallery = _load_array(args.gallery[0], "gallery embeddings")
+        gallery_labels = _load_array(args.gallery[1], "gallery labels")
+    metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
+                                nmi=not args.no_nmi, engine=args.engine)
+    print(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
+    return 0
