@@ -1,0 +1,182 @@
+"""The run configuration's sections: every knob of a run in one typed tree, with its default and meaning."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+LR_SCHEDULES = ("constant", "cosine", "step")
+"""``train.lr_schedule`` choices (training/optim.py)."""
+
+
+@dataclass
+class DataConfig:
+    """Data set, sampler and augmentation."""
+
+    spec: str = "glyphs"
+    """Loader spec: ``glyphs``, ``fashion-mnist``, ``digits``, ``folder:PATH``, ``csv:PATH``,
+    ``cub:PATH``, ``cars:PATH``, ``sop:PATH``, ``inshop:PATH``, or ``cub-cropped:PATH`` / ``cars-cropped:PATH``
+    (each image cut to its bounding box)."""
+    image_size: int = 224
+    """Side of the square training crop and of the test image."""
+    resize_range: tuple[float, float] = (0.8, 1.8)
+    """Multi-resolution augmentation: the longer side is resized to U[lo, hi] x image_size."""
+    flip: bool = True
+    """Random horizontal flip at training time (turn off for characters: b/d)."""
+    train_pad: str = "size"
+    """Before the random crop, pad the resized image to image_size (``size``, the thesis and the HORDE code)
+    or its shorter side to the longer one (``square``, ABE), or resize both sides to the drawn length without
+    keeping the aspect ratio (``stretch``, ABE's cropped Cars-196)."""
+    test_resize: str = "resize"
+    """``resize`` (squash to image_size, the thesis), ``resize_crop`` (resize to 1.144x, centre crop,
+    the HORDE authors' code), ``pad_crop`` (longer side to 256/224 x keeping the aspect ratio, pad to a
+    square, centre crop: ABE), ``stretch_crop`` (both sides to 256/224 x, centre crop: ABE's cropped
+    Cars-196) or ``short_crop`` (shorter side to 256/224 x keeping the aspect ratio, centre crop: torchvision's
+    Resize(256) + CenterCrop(224), the DGML code)."""
+    classes_per_batch: int = 5
+    """P of the P x K batch."""
+    samples_per_class: int = 8
+    """K of the P x K batch."""
+    val_fraction: float = 0.0
+    """Fraction of the training classes held out (class-disjoint) for model selection."""
+    val_seed: int = 0
+    check_counts: bool = True
+    """Fail when a benchmark's split sizes differ from the published ones."""
+    check_images: bool = True
+    """Decode every image before training and stop with the list of bad ones (see ``skip_bad_images``)."""
+    skip_bad_images: bool = False
+    """Leave bad images (and classes left with one image) out instead of stopping; the list goes to the run."""
+    num_workers: int = 0
+    seed: int = 0
+    """Seed of the data set itself where it has one (the glyphs character split)."""
+
+
+@dataclass
+class ModelConfig:
+    """Backbone and head (see ``deepmetric.create_model``)."""
+
+    backbone: str = "lite0"
+    pretrained: bool = True
+    weights: str | None = None
+    """Optional safetensors file of backbone weights (e.g. a converted Caffe GoogLeNet or BN-Inception)."""
+    trust_pickle: bool = False
+    """Allow ``weights`` to be a legacy pickled torch file (read with torch's restricted unpickler)."""
+    split: str | None = None
+    """Where the backbone is cut into trunk and tail; None lets the head choose."""
+    freeze_bn: bool | str = True
+    """BatchNorm in the backbone: true freezes its statistics and affine parameters (timm's FrozenBatchNorm2d),
+    ``stats`` its statistics only (the affine weight and bias train: the DGML code's ResNet-50), false neither."""
+    head: str = "gap"
+    embedding_dim: int = 512
+    head_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossConfig:
+    """The objective: a metric loss (see ``deepmetric.losses``) plus regularisers."""
+
+    name: str = "binomial"
+    options: dict[str, Any] = field(default_factory=dict)
+    on: str | None = None
+    """``embedding`` (one loss on the concatenated embedding) or ``parts`` (one per learner); None: the head's
+    default."""
+    parts_reduction: str | None = None
+    """``mean`` or ``sum`` of the per-part losses; None: the head's default."""
+    regularizers: dict[str, dict[str, Any]] | None = None
+    """``{name: {weight: w, option: value}}``; None: the head's default regularisers, ``{}``: none."""
+    miner: str | None = None
+    """A pair/triplet miner for a pytorch-metric-learning loss, ``pml:<Class>`` (e.g. ``pml:MultiSimilarityMiner``)."""
+    miner_options: dict[str, Any] = field(default_factory=dict)
+    """The miner's keyword options."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and checkpoints."""
+
+    steps: int = 1000
+    lr: float = 1e-5
+    """Learning rate of the new layers (head)."""
+    lr_backbone: float = 1e-5
+    """Learning rate of the pretrained layers."""
+    lr_loss: float | None = None
+    """Learning rate of parameters that live in the loss (margin's beta, a PML loss's proxies); None means ``lr``, or
+    100 x ``lr_backbone`` for a PML loss (``deepmetric.losses.pml``)."""
+    weight_decay: float = 0.0
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per parameter group (``pretrained``, ``new``, ``loss`` or a head's own): ``lr_scale`` and ``weight_decay``."""
+    lr_schedule: str = "constant"
+    """``constant`` (the papers), ``cosine`` (decay to 0 over ``steps``) or ``step`` (the rates are multiplied by
+    ``lr_gamma`` at each of ``lr_milestones``: PyTorch's MultiStepLR, Caffe's ``multistep`` policy)."""
+    lr_milestones: list[int] = field(default_factory=list)
+    """Steps (0-based, increasing) from which ``step`` applies one more factor ``lr_gamma``."""
+    lr_gamma: float = 0.1
+    """The factor of the ``step`` schedule."""
+    eval_every: int = 500
+    checkpoint_every: int = 500
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"
+    deterministic: bool = False
+    """Ask torch for deterministic kernels (slower on GPU; CPU kernels already are)."""
+    threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+    amp: bool = False
+    """Mixed precision: forward passes under bfloat16 autocast (weights, optimiser and losses stay float32); no
+    faster than float32 on CPU (docs/benchmarks.md), meant for GPUs."""
+    channels_last: bool = True
+    """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
+    tensorboard: bool = False
+    """Also write the log's scalars (loss terms, learning rates, images/s, validation metrics) as TensorBoard event
+    files to ``RUN/tensorboard/`` (the extra ``deepmetric[tensorboard]``)."""
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation protocol."""
+
+    recall_at: list[int] | None = None
+    """Ranks K of Recall@K; None uses the data set's standard ranks."""
+    batch_size: int = 128
+    nmi: bool = True
+    engine: str = "auto"
+    """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products), faiss or cuda (torch on the GPU);
+    auto is cuda where torch sees a CUDA device, else numpy on CPUs where torch's MKL is slow (not made by Intel),
+    torch otherwise. All exact (they may order neighbours whose similarities differ by a float rounding error
+    differently)."""
+    baseline: bool = False
+    """Before training, evaluate the untrained backbone's pooled features on the test split."""
+    report: bool = True
+    """After the test evaluation of ``deepmetric train``, write ``RUN/report.html`` (``deepmetric report``)."""
+
+
+@dataclass
+class GeneratorConfig:
+    """An example generator that adds synthetic rows to every batch (see ``deepmetric.generators``)."""
+
+    name: str | None = None
+    """``mirage`` (thesis ch. 6) or None: no generator, the plain pipeline."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The generator's options (e.g. MIRAGE's ``mode``, ``batch_ratio``, ``virtual_ratio``)."""
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_plain(v) for v in value]
+    return value

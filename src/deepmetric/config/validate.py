@@ -1,0 +1,141 @@
+"""Checks that need more than one value's type: bounds and combinations section by section, then the plug-in names
+and their options (before any data is read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
+from ..errors import ConfigError
+from ..evaluation.engines import KNN_ENGINES
+from .sections import (
+    LR_SCHEDULES,
+    DataConfig,
+    EvalConfig,
+    GeneratorConfig,
+    LossConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+)
+from .values import coerce_float
+
+
+def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(values, name)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{section}.{name} must be at least {minimum:g}, got {value}")
+
+
+def _validate_data(d: DataConfig) -> None:
+    if not 8 <= d.image_size <= 8192:
+        raise ConfigError(f"data.image_size must be from 8 to 8192, got {d.image_size}")
+    lo, hi = d.resize_range
+    if not 0 < lo <= hi:
+        raise ConfigError(f"data.resize_range must satisfy 0 < lo <= hi, got {list(d.resize_range)}")
+    if d.test_resize not in TEST_RESIZE_MODES:
+        raise ConfigError(f"data.test_resize must be one of {', '.join(TEST_RESIZE_MODES)}, got '{d.test_resize}'")
+    if d.train_pad not in TRAIN_PAD_MODES:
+        raise ConfigError(f"data.train_pad must be one of {', '.join(TRAIN_PAD_MODES)}, got '{d.train_pad}'")
+    if d.classes_per_batch < 2:
+        raise ConfigError("data.classes_per_batch must be at least 2 (a batch needs negatives)")
+    if d.samples_per_class < 2:
+        raise ConfigError("data.samples_per_class must be at least 2 (a batch needs positives)")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    _at_least("data", d, 0, ("num_workers",))
+
+
+def _validate_model(m: ModelConfig) -> None:
+    if m.freeze_bn not in (True, False, "stats"):
+        raise ConfigError(f"model.freeze_bn must be true, false or stats, got {m.freeze_bn!r}")
+    _at_least("model", m, 0, ("embedding_dim",))
+
+
+def _validate_loss(loss: LossConfig) -> None:
+    if loss.on not in (None, "embedding", "parts"):
+        raise ConfigError(f"loss.on must be 'embedding' or 'parts', got '{loss.on}'")
+    if loss.parts_reduction not in (None, "mean", "sum"):
+        raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{loss.parts_reduction}'")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads"))
+    _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
+    if t.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{t.lr_schedule}'")
+    if t.lr_schedule == "step":
+        if not t.lr_milestones or any(b <= a for a, b in zip(t.lr_milestones, t.lr_milestones[1:], strict=False)) \
+                or t.lr_milestones[0] < 1:
+            raise ConfigError(f"train.lr_schedule=step needs train.lr_milestones: increasing steps >= 1, got "
+                              f"{t.lr_milestones}")
+        if t.lr_gamma <= 0:
+            raise ConfigError(f"train.lr_gamma must be > 0, got {t.lr_gamma}")
+    elif t.lr_milestones:
+        raise ConfigError(f"train.lr_milestones is used by train.lr_schedule=step only (the schedule is "
+                          f"'{t.lr_schedule}')")
+    for group, options in t.groups.items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"train.groups.{group} must be a mapping of lr_scale and weight_decay, got {options!r}")
+        unknown = set(options) - {"lr_scale", "weight_decay"}
+        if unknown:
+            raise ConfigError(f"train.groups.{group}: unknown option(s) {sorted(unknown)}; expected lr_scale, "
+                              "weight_decay")
+        for name, value in options.items():
+            number = coerce_float(value, f"train.groups.{group}.{name}")
+            if number < 0:
+                raise ConfigError(f"train.groups.{group}.{name} must be at least 0, got {value}")
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    if e.engine not in KNN_ENGINES:
+        raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{e.engine}'")
+    if e.recall_at is not None and any(k < 1 for k in e.recall_at):
+        raise ConfigError(f"eval.recall_at must hold positive ranks, got {e.recall_at}")
+    _at_least("eval", e, 1, ("batch_size",))
+
+
+def _validate_generator(g: GeneratorConfig) -> None:
+    if g.name is not None:
+        from ..generators import check_generator_options
+
+        check_generator_options(g.name, g.options)
+    elif g.options:
+        raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
+
+
+def validate(config: RunConfig) -> None:
+    """Checks that need more than one value's type, section by section, then the plug-in names and options."""
+    _validate_data(config.data)
+    _validate_model(config.model)
+    _validate_train(config.train)
+    _validate_loss(config.loss)
+    _validate_eval(config.eval)
+    _check_names(config)
+    _validate_generator(config.generator)
+
+
+def _check_names(config: RunConfig) -> None:
+    """The backbone, head, loss and regularisers exist and take the options given, checked before anything is
+    built or read (a typo should not wait for an image audit of the whole data set)."""
+    from ..losses import check_loss_options, check_regularizer_options
+    from ..models.backbones import check_backbone_name
+    from ..models.heads import check_head_options
+
+    check_backbone_name(config.model.backbone)
+    check_head_options(config.model.head, config.model.head_options)
+    check_loss_options(config.loss.name, config.loss.options, config.loss.miner, config.loss.miner_options)
+    for name, options in (config.loss.regularizers or {}).items():
+        check_regularizer_options(name, options)
+    if config.train.tensorboard:
+        check_tensorboard()
+
+
+def check_tensorboard() -> None:
+    """Refuse ``train.tensorboard`` without the tensorboard package, naming the install command."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("train.tensorboard=true needs the tensorboard package, which is not installed: "
+                          "pip install 'deepmetric[tensorboard]' (or pip install tensorboard)")
