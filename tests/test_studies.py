@@ -152,6 +152,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp
         fcntl.flock(lock, fcntl.LOCK_UN)
     assert (held / "config.json").read_text() == "{}" and not (held / "checkpoints").exists()
     assert f"abe/0: being trained by process {os.getpid()}: left to it" in caplog.text
+    assert "abe/0: training" not in caplog.text  # the lock is looked at before the run is announced
     assert "lacks 1 run(s) that other processes are training (abe/0)" in caplog.text
     assert [r["variant"] for r in csv.DictReader(paths["csv"].open())] == ["gap"]
     run_study(spec, progress=False)  # released: the stale start is begun afresh and the results are complete

@@ -318,10 +318,13 @@ def test_a_run_folder_is_held_by_one_training_at_a_time(tmp_path):
     from deepmetric.errors import DeepMetricError
 
     run = RunDir(tmp_path / "run")
+    assert run.holder() is None  # no folder yet
     with run.claimed():
+        assert run.holder() == str(os.getpid())
         with pytest.raises(DeepMetricError, match=rf"in use by another training \(process {os.getpid()}\)"):
             train(tiny_config(train={"steps": 1}), run.path, progress=False)
-    train(tiny_config(train={"steps": 1}), run.path, progress=False)  # released: the folder is free again
+    assert run.holder() is None  # released: the folder is free again
+    train(tiny_config(train={"steps": 1}), run.path, progress=False)
     assert run.last.is_file()
 
 

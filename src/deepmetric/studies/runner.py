@@ -43,6 +43,9 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             log.info("[%d/%d] %s: done already", number, len(runs), run.name)
             continue
         try:
+            holder = folder.holder()
+            if holder is not None:  # said before "resuming": train() would refuse it anyway
+                raise RunInUse(f"{directory} is in use by process {holder}", holder)
             if not trained:
                 resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
                 log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")

@@ -138,6 +138,21 @@ class RunDir:
     def lock_path(self) -> Path:
         return self.path / ".lock"
 
+    def holder(self) -> str | None:
+        """The PID of the process that holds this folder now (``claimed``), or None when it is free. A look only:
+        the lock is not kept, so the folder may be taken a moment later (``claimed`` still refuses then)."""
+        try:
+            handle = open(self.lock_path)  # noqa: SIM115 - closed below on every path
+        except OSError:
+            return None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "?"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
         """Hold the run folder for this process: an exclusive ``flock`` on ``RUN/.lock``, released when the
