@@ -118,8 +118,8 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold:
             if m not in stats:
                 cells.append("—")
                 continue
-            mean, std, _ = stats[m]
-            cell = f"{100 * mean:.2f} ± {100 * std:.2f}"
+            mean, std, n = stats[m]
+            cell = f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if n > 1 else "")  # one run has no spread to show
             cells.append(f"**{cell}**" if bold and mean == best[(data[variant], m)] else cell)
         count = max(s[2] for s in stats.values())
         lines.append(f"| {variant} | " + (f"{data[variant]} | " if several else "") + f"{count} | "
