@@ -19,6 +19,7 @@ import torch
 
 from deepmetric.config import build_config
 from deepmetric.config.layers import load_yaml
+from deepmetric.errors import DeepMetricError
 from deepmetric.evaluation.evaluator import EmbedSettings, evaluate
 from deepmetric.models.backbones import create_backbone
 from deepmetric.models.embedder import Embedder
@@ -64,4 +65,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except DeepMetricError as error:  # a bad layer name, config or data set: one line, as the CLI prints it
+        raise SystemExit(f"pooled_layers.py: error: {error}") from None

@@ -44,7 +44,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             continue
         try:
             holder = folder.holder()
-            if holder is not None:  # said before "resuming": train() would refuse it anyway
+            if holder is not None:  # looked at before the run is announced (train() refuses it too)
                 raise RunInUse(f"{directory} is in use by process {holder}", holder)
             if not trained:
                 resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
