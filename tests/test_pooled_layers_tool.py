@@ -1,11 +1,15 @@
-"""tools/pooled_layers.py: the untrained pooled features of one layer, as the run's own baseline computes them."""
+"""tools/pooled_layers.py: the untrained pooled features of every layer in one pass, as the run's own baseline
+computes them at the last layer."""
 
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
+from deepmetric.errors import ConfigError
 from deepmetric.models import create_model
+from deepmetric.models.backbones import create_backbone
 
 TOOL = Path(__file__).parents[1] / "tools" / "pooled_layers.py"
 
@@ -21,11 +25,19 @@ def test_the_last_layer_pools_as_the_untrained_baseline_and_an_inner_layer_stops
     tool = load_tool()
     images = torch.rand(3, 3, 32, 32)
     torch.manual_seed(0)
-    last = tool.pooled_model("tiny", "stage3", pretrained=False, freeze_bn=True)
+    model = tool.pooled_layers_model(create_backbone("tiny", pretrained=False), ["stage2", "stage3"])
     torch.manual_seed(0)
     baseline = create_model(backbone="tiny", head="gap", embedding_dim=0, pretrained=False)  # untrained_baseline's
-    torch.testing.assert_close(last.embed(images), baseline.embed(images))
-    inner = tool.pooled_model("tiny", "stage2", pretrained=False, freeze_bn=True)
-    feature_map = inner.trunk(inner.normalize(images))
-    assert inner.embedding_dim == feature_map.shape[1] < 32
-    torch.testing.assert_close(inner.embed(images), torch.nn.functional.normalize(feature_map.mean(dim=(2, 3))))
+    with torch.no_grad():
+        pooled = model.eval()(images).extras
+    torch.testing.assert_close(pooled["stage3"], baseline.embed(images))
+    inner = create_backbone("tiny", pretrained=False, split="stage2")
+    inner.trunk.load_state_dict(model.head.stages[: len(inner.trunk)].state_dict())
+    feature_map = inner.trunk.eval()(model.normalize(images))
+    assert pooled["stage2"].shape[1] == feature_map.shape[1] < 32
+    torch.testing.assert_close(pooled["stage2"], torch.nn.functional.normalize(feature_map.mean(dim=(2, 3))))
+
+
+def test_an_unknown_layer_is_named_with_the_nearest_one():
+    with pytest.raises(ConfigError, match="no layer 'stage9' \\(did you mean 'stage3'\\?\\)"):
+        load_tool().pooled_layers_model(create_backbone("tiny", pretrained=False), ["stage9"])

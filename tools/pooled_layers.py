@@ -6,7 +6,8 @@ l2-normalised with no training at all, already retrieves best on a data set.
 
 A diagnostic, not a method: it separates what a head gains by training from what it gains by pooling another
 layer (the emoji comparison's stage-5 heads skip Lite0's stages 6-7 and its 1,280-channel head convolution).
-The data set, image size and backbone come from the config; nothing is trained.
+The data set, image size and backbone come from the config; nothing is trained. One pass over each split gives
+every layer's features.
 """
 
 from __future__ import annotations
@@ -16,22 +17,49 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from deepmetric.config import build_config
 from deepmetric.config.layers import load_yaml
-from deepmetric.errors import DeepMetricError
-from deepmetric.evaluation.evaluator import EmbedSettings, evaluate
-from deepmetric.models.backbones import create_backbone
+from deepmetric.errors import ConfigError, DeepMetricError, did_you_mean
+from deepmetric.evaluation.evaluator import EmbedSettings, embed_outputs, split_metrics
+from deepmetric.models.backbones import Backbone, create_backbone
 from deepmetric.models.embedder import Embedder
-from deepmetric.models.heads.gap import GAPHead
+from deepmetric.models.heads.base import HeadOutput
 from deepmetric.training.setup import load_table
 
 
-def pooled_model(backbone: str, layer: str, pretrained: bool, freeze_bn: bool | str) -> Embedder:
-    """The backbone cut after ``layer``, its map averaged over space (no tail, no embedding layer)."""
-    net = create_backbone(backbone, pretrained=pretrained, split=layer, freeze_bn=freeze_bn)
-    head = GAPHead.from_backbone(net, embedding_dim=0, use_tail=False)
-    return Embedder(net.trunk, head, net.mean, net.std, net.bgr, {"backbone": backbone, "split": layer})
+class EveryLayerPooled(nn.Module):
+    """Runs the backbone's stages in turn and keeps, in ``extras[layer]``, each named layer's map averaged over
+    space and l2-normalised (the embedding is the last one kept)."""
+
+    def __init__(self, stages: nn.Sequential, layers: list[str]):
+        super().__init__()
+        names = [name for name, _ in stages.named_children()]
+        unknown = [layer for layer in layers if layer not in names]
+        if unknown:
+            raise ConfigError(f"the backbone has no layer '{unknown[0]}'{did_you_mean(unknown[0], names)}; its "
+                              f"layers: {', '.join(names)}")
+        self.stages, self.layers = stages, layers
+        self.embedding_dim = 0
+
+    def forward(self, x: torch.Tensor) -> HeadOutput:
+        pooled = {}
+        for name, stage in self.stages.named_children():
+            if len(pooled) == len(self.layers):
+                break  # the stages after the last layer asked for are not run
+            x = stage(x)
+            if name in self.layers:
+                pooled[name] = F.normalize(x.mean(dim=(2, 3)), dim=1)
+        embedding = pooled[self.layers[-1]]
+        return HeadOutput(embedding=embedding, parts=[embedding], extras=pooled)
+
+
+def pooled_layers_model(net: Backbone, layers: list[str]) -> Embedder:
+    """The whole backbone ``net`` (its input normalisation included), returning every layer of ``layers`` pooled."""
+    return Embedder(nn.Identity(), EveryLayerPooled(net.trunk, layers), net.mean, net.std, net.bgr,
+                    {"backbone": net.name, "layers": layers})
 
 
 def main() -> None:
@@ -47,21 +75,23 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     m = config.model
-    points = create_backbone(m.backbone, pretrained=False).split_points
-    layers = args.layers.split(",") if args.layers else [p for p in points if p != "input"]
+    net = create_backbone(m.backbone, pretrained=m.pretrained, freeze_bn=m.freeze_bn)  # uncut: every stage
+    layers = args.layers.split(",") if args.layers else [p for p in net.split_points if p != "input"]
+    model = pooled_layers_model(net, layers)
     table, _ = load_table(config)
     settings = EmbedSettings.from_config(config, "cpu", progress=False)
-    rows = []
-    for layer in layers:
-        model = pooled_model(m.backbone, layer, m.pretrained, m.freeze_bn).eval()
-        row = {"layer": layer, "channels": model.head.embedding_dim}
-        for split in args.splits.split(","):
-            metrics = evaluate(model, table, split, settings, nmi=False, engine=config.eval.engine)
-            row[split] = {k: round(100 * v, 2) for k, v in metrics.items() if v is not None}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    rows = {layer: {"layer": layer} for layer in layers}
+    for split in args.splits.split(","):
+        part = table.split(split)
+        features = embed_outputs(model, part, settings, lambda output: output.extras, desc=f"embedding {split}")
+        for layer in layers:
+            rows[layer]["channels"] = features[layer].shape[1]
+            metrics = split_metrics(features[layer], part, table.recall_at, nmi=False, engine=config.eval.engine)
+            rows[layer][split] = {k: round(100 * v, 2) for k, v in metrics.items() if v is not None}
+    for row in rows.values():
+        print(json.dumps(row))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps(list(rows.values()), indent=2) + "\n")
 
 
 if __name__ == "__main__":

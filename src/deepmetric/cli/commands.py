@@ -21,6 +21,7 @@ def printable(text: str) -> str:
     terminal (an ESC sequence in a head name reached it raw)."""
     return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
+
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags: dict[str, Any] = {}
     pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
