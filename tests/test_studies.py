@@ -231,3 +231,53 @@ def test_results_csv_cells_cannot_run_as_spreadsheet_formulas():
     row = next(csv.DictReader(text.splitlines()))
     assert row["variant"].startswith("'=HYPERLINK") and row["data"] == "'@SUM(1)" and row["note"] == "'+1"
     assert row["recall@1"] == "-0.5" and row["ok"] == "gap"  # numbers stay numbers
+
+
+def test_a_record_survives_the_loss_of_the_runs_folder_and_nothing_is_retrained(tmp_path, monkeypatch, caplog):
+    """A study longer than one session on a machine whose runs folder does not survive: each finished run's small
+    files go to the committed record, and a fresh checkout restores them instead of training again."""
+    import shutil
+
+    import deepmetric.studies.runner as runner
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}, "no-train-classes": {"data.val_fraction": 0.99}},
+                                  set={"train.steps": 2, "train.eval_every": 1, "data.val_fraction": 0.4},
+                                  record=str(tmp_path / "record")))
+    with pytest.raises(DeepMetricError, match="1 of 2 runs failed"):
+        run_study(spec, progress=False)
+    first = (tmp_path / "out/results.csv").read_text()
+    assert "val_recall@1" in first.splitlines()[0]
+    recorded = {p.name for p in (tmp_path / "record/gap/0").iterdir()}
+    assert {"config.yaml", "environment.json", "metrics.json", "metrics.jsonl"} <= recorded
+    assert not (tmp_path / "record/no-train-classes").exists()  # a failed run is not recorded
+    assert not any((tmp_path / "record").rglob("*.safetensors"))  # no checkpoint
+
+    shutil.rmtree(tmp_path / "out")  # the fresh checkout
+    trained = []
+    monkeypatch.setattr(runner, "train", lambda config, directory, **kwargs: trained.append(directory))
+    with caplog.at_level("INFO", logger="deepmetric"), pytest.raises(DeepMetricError, match="1 of 2 runs failed"):
+        run_study(load_study(tmp_path / "study.yaml"), progress=False)
+    assert "gap/0: restored from" in caplog.text and "gap/0: done already" in caplog.text
+    assert [str(d) for d in trained] == [str(tmp_path / "out/runs/no-train-classes/0")]  # only the unfinished one
+    assert (tmp_path / "out/results.csv").read_text() == first  # the same rows, validation figures included
+
+
+def test_a_restored_run_gives_way_to_nothing_and_replaces_a_partial_attempt(tmp_path):
+    from deepmetric.studies.record import record_run, restore_run
+    from deepmetric.training.run_dir import RunDir
+
+    record = tmp_path / "record"
+    unfinished = RunDir(tmp_path / "unfinished")
+    unfinished.path.mkdir()
+    unfinished.metrics_log.write_text('{"step": 1}\n')
+    assert record_run(unfinished, record) == 0 and not record.exists()  # no test metrics: nothing to record
+    finished = RunDir(tmp_path / "finished")
+    finished.path.mkdir()
+    finished.metrics_log.write_text('{"step": 1}\n{"step": 2}\n')
+    finished.test_metrics.write_text('{"metrics": {"recall@1": 0.5}}')
+    assert record_run(finished, record) == 2 and record_run(finished, record) == 0  # unchanged files: no copy
+    assert restore_run(record, unfinished)
+    assert unfinished.metrics_log.read_text() == finished.metrics_log.read_text()  # the partial log gave way
+    assert not restore_run(record, finished)  # a folder with its own finished run is left alone
+    with pytest.raises(ConfigError, match="'record' must be a folder"):
+        load_study(write_study(tmp_path, record=["a"]))

@@ -5,7 +5,8 @@ core or GPU): a run that another process is training (its folder's lock) is left
 ends last writes the complete results. A run that
 fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
 still run and are aggregated, and the study then ends with an error naming every failed run. A signal that
-interrupts training (after its checkpoint) stops the whole study."""
+interrupts training (after its checkpoint) stops the whole study. With a ``record`` folder, runs recorded there
+are restored first and each finished run is recorded (``record.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
+from .record import record_run, restore_run
 from .spec import StudySpec
 
 log = logging.getLogger("deepmetric")
@@ -38,9 +40,14 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     for number, run in enumerate(runs, start=1):
         directory = spec.run_dir(run)
         folder = RunDir(directory)
+        record = spec.record_dir(run)
+        if record is not None and restore_run(record, folder):
+            log.info("[%d/%d] %s: restored from %s", number, len(runs), run.name, record)
         trained = folder.test_metrics.is_file()
         if trained and (not spec.all_embeddings or folder.all_embeddings_metrics.is_file()):
             log.info("[%d/%d] %s: done already", number, len(runs), run.name)
+            if record is not None:
+                record_run(folder, record)
             continue
         try:
             holder = folder.holder()
@@ -54,6 +61,8 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             if spec.all_embeddings:
                 log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
                 evaluate_all_embeddings(directory, progress=progress)
+            if record is not None:
+                record_run(folder, record)
         except RunInUse as busy:
             log.info("[%d/%d] %s: being trained by process %s: left to it", number, len(runs), run.name, busy.holder)
             elsewhere.append(run.name)

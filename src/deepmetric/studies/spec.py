@@ -5,6 +5,8 @@ name: demo                        # the study's name (default: the file's stem)
 base: ../demo-glyphs.yaml         # a run config (relative to this file, or a preset's name), or one inline
                                   #   ({data: {...}, model: {...}}, ``extends:`` allowed); every run starts from it
 out: runs/studies/demo            # where runs and results go (default runs/studies/<name>)
+record: docs/studies/demo         # optional: keep each finished run's config, log and metrics here too (a folder
+                                  #   to commit; a fresh checkout restores them instead of retraining: record.py)
 set: {train.steps: 200}           # overrides applied to every run
 variants:                         # named variants, each a set of overrides ...
   gap: {}
@@ -38,7 +40,8 @@ from ..config import build_config, extended, load_yaml, merge_layers, nest
 from ..errors import ConfigError, did_you_mean
 from ..presets import resolve as resolve_preset
 
-KEYS = ("name", "base", "out", "set", "variants", "grid", "seeds", "splits", "split_fraction", "all_embeddings")
+KEYS = ("name", "base", "out", "record", "set", "variants", "grid", "seeds", "splits", "split_fraction",
+        "all_embeddings")
 
 
 @dataclass
@@ -67,10 +70,16 @@ class StudySpec:
     all_embeddings: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
     """``key=value`` overrides from the command line, over every variant's settings."""
+    record: Path | None = None
+    """Where each finished run's small files are kept as well (``studies.record``), or none."""
 
     def run_dir(self, run: StudyRun) -> Path:
         """Where ``run`` trains: ``<out>/runs/<variant>/<repeat>``."""
         return self.out / "runs" / run.variant / str(run.repeat)
+
+    def record_dir(self, run: StudyRun) -> Path | None:
+        """Where ``run``'s record is kept: ``<record>/<variant>/<repeat>``, or none without a record."""
+        return None if self.record is None else self.record / run.variant / str(run.repeat)
 
     def runs(self) -> list[StudyRun]:
         """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
@@ -161,10 +170,14 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     all_embeddings = data.get("all_embeddings", False)
     if not isinstance(all_embeddings, bool):
         raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
+    record = data.get("record")
+    if record is not None and not isinstance(record, str):
+        raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
-                     all_embeddings=all_embeddings, overrides=_merged(command_line))
+                     all_embeddings=all_embeddings, overrides=_merged(command_line),
+                     record=Path(record) if record is not None else None)
     for run in spec.runs():  # every run's config must be valid before anything starts
         try:
             build_config(*run.layers)
