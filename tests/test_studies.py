@@ -279,5 +279,6 @@ def test_a_restored_run_gives_way_to_nothing_and_replaces_a_partial_attempt(tmp_
     assert restore_run(record, unfinished)
     assert unfinished.metrics_log.read_text() == finished.metrics_log.read_text()  # the partial log gave way
     assert not restore_run(record, finished)  # a folder with its own finished run is left alone
-    with pytest.raises(ConfigError, match="'record' must be a folder"):
-        load_study(write_study(tmp_path, record=["a"]))
+    for bad in (["a"], str(finished.test_metrics)):  # not a path; a file, not a folder
+        with pytest.raises(ConfigError, match="'record' must be a folder"):
+            load_study(write_study(tmp_path, record=bad))

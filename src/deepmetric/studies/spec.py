@@ -171,7 +171,7 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if not isinstance(all_embeddings, bool):
         raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
     record = data.get("record")
-    if record is not None and not isinstance(record, str):
+    if record is not None and (not isinstance(record, str) or Path(record).exists() and not Path(record).is_dir()):
         raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
