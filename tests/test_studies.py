@@ -262,7 +262,7 @@ def test_a_record_survives_the_loss_of_the_runs_folder_and_nothing_is_retrained(
     assert (tmp_path / "out/results.csv").read_text() == first  # the same rows, validation figures included
 
 
-def test_a_restored_run_gives_way_to_nothing_and_replaces_a_partial_attempt(tmp_path):
+def test_only_finished_runs_are_recorded_and_a_restore_replaces_a_partial_attempt(tmp_path):
     from deepmetric.studies.record import record_run, restore_run
     from deepmetric.training.run_dir import RunDir
 
