@@ -28,8 +28,11 @@ def record_run(run: RunDir, record: Path) -> int:
     copied = 0
     for name in RECORDED:
         source, target = run.path / name, record / name
-        if source.is_file() and (not target.is_file() or target.read_bytes() != source.read_bytes()):
-            atomic_write_bytes(target, source.read_bytes())
+        if not source.is_file():
+            continue
+        data = source.read_bytes()  # read once: compared, then written
+        if not target.is_file() or target.read_bytes() != data:
+            atomic_write_bytes(target, data)
             copied += 1
     return copied
 
