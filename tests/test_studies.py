@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from deepmetric.errors import ConfigError, DeepMetricError
+from deepmetric.errors import CheckpointError, ConfigError, DeepMetricError
 from deepmetric.studies import aggregate, load_study, run_study
 from deepmetric.studies.aggregate import summarise
 from helpers import tiny_config
@@ -279,6 +279,8 @@ def test_only_finished_runs_are_recorded_and_a_restore_replaces_a_partial_attemp
     assert restore_run(record, unfinished)
     assert unfinished.metrics_log.read_text() == finished.metrics_log.read_text()  # the partial log gave way
     assert not restore_run(record, finished)  # a folder with its own finished run is left alone
+    with pytest.raises(CheckpointError, match="finished run without its checkpoints.*train it again"):
+        unfinished.checkpoint()  # restored: its metrics, not its weights
     for bad in (["a"], str(finished.test_metrics)):  # not a path; a file, not a folder
         with pytest.raises(ConfigError, match="'record' must be a folder"):
             load_study(write_study(tmp_path, record=bad))

@@ -5,7 +5,8 @@ A study's runs folder holds checkpoints of tens of megabytes and is not kept in 
 takes longer than one machine's session would start over on a fresh checkout. With a record, each run is copied
 there as soon as it is evaluated, and a later ``deepmetric study`` on a fresh checkout restores the recorded runs into
 its runs folder: they count as finished (nothing is retrained) and aggregate exactly as before, validation columns
-included. A restored run has no checkpoint, so ``evaluate`` or ``index`` on it says so.
+included. A restored run has no checkpoint, so ``evaluate`` or ``index`` on it says it is a finished run without
+its weights.
 """
 
 from __future__ import annotations

@@ -238,6 +238,10 @@ class RunDir:
             raise CheckpointError(f"{self.best} does not exist (the run had no validation split)")
         if self.last.is_file():
             return self.last
+        if self.test_metrics.is_file():
+            raise CheckpointError(f"{self.path} is a finished run without its checkpoints ({self.last} is missing): "
+                                  "its metrics are here but not its weights (a run restored from a study's record "
+                                  "keeps no checkpoint); train it again to evaluate or index it")
         raise CheckpointError(f"{self.path} holds no checkpoint yet ({self.last} is missing)")
 
     def append_log(self, record: dict[str, Any]) -> None:
