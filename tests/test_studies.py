@@ -183,6 +183,37 @@ def test_best_is_marked_per_data_set_and_missing_metrics_show_a_dash(tmp_path):
     assert "| c | fashion-mnist | 1 | **80.00** | — |" in table
 
 
+def test_apart_marks_only_intervals_that_do_not_overlap_and_never_a_single_run():
+    from deepmetric.studies.aggregate import apart
+
+    assert apart((0.80, 0.01, 3), (0.70, 0.02, 3)) == "▲"  # 0.79 > 0.72
+    assert apart((0.70, 0.02, 3), (0.80, 0.01, 3)) == "▼"
+    assert apart((0.80, 0.05, 3), (0.70, 0.05, 3)) == ""  # 0.75 = 0.75: they touch, no claim
+    assert apart((0.80, 0.0, 1), (0.70, 0.0, 3)) == ""  # one run: no spread to compare
+
+
+def test_compare_sets_each_variant_against_the_references_in_results_md(tmp_path):
+    from deepmetric.studies.aggregate import comparison, write_results
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}, "abe": {}, "other": {}}, compare=["gap"]))
+    rows = [{"variant": v, "repeat": i, "data": d, "recall@1": r1, "map@r": mapr}
+            for v, d, values in (("gap", "emoji", [(0.70, 0.50), (0.72, 0.52)]),
+                                 ("abe", "emoji", [(0.80, 0.51), (0.82, 0.55)]),
+                                 ("other", "glyphs", [(0.90, 0.90), (0.91, 0.91)]))
+            for i, (r1, mapr) in enumerate(values)]
+    table = comparison(spec, rows)
+    assert "| variant | R@1 − gap | MAP@R − gap |" in table
+    assert "| gap | (reference) | (reference) |" in table
+    assert "| abe | +10.00 ▲ | +2.00 |" in table  # R@1 intervals apart; MAP@R's overlap (0.5 ± 0.014 vs 0.53 ± 0.028)
+    assert "| other | — | — |" in table  # another data set: not comparable
+    assert table in (write_results(spec, rows)["md"]).read_text()  # below the table of means
+    assert comparison(load_study(write_study(tmp_path)), rows) == ""  # no references, no section
+    with pytest.raises(ConfigError, match="'compare' names no variant 'gpa'.*did you mean 'gap'"):
+        load_study(write_study(tmp_path, compare="gpa"))
+    with pytest.raises(ConfigError, match="'compare' must be a variant's name or a list"):
+        load_study(write_study(tmp_path, compare={"gap": 1}))
+
+
 def test_command_line_overrides_reach_every_run_after_the_studys_settings(tmp_path):
     from deepmetric.config import build_config, parse_override
 

@@ -1,8 +1,10 @@
 """Collect a study's test metrics into ``results.csv`` (one row per run), ``results.md`` (mean ± std per
 variant, the best mean of each column in bold among the variants on the same data set) and ``results.png``
-(Recall@1 and MAP@R with std bars). With ``all_embeddings``, ``results-all-embeddings.{csv,md}`` do the same for
-every embedding ``evaluate --all-embeddings`` scored, one row per variant and embedding (``abe-8 /
-abe.learner1-8 std`` is the learners' deviation in each run, averaged over the repeats).
+(Recall@1 and MAP@R with std bars). With ``compare``, ``results.md`` also sets each variant against the reference
+variants (``comparison``: the difference of means, marked where the ±1 std intervals do not overlap). With
+``all_embeddings``, ``results-all-embeddings.{csv,md}`` do the same for every embedding ``evaluate
+--all-embeddings`` scored, one row per variant and embedding (``abe-8 / abe.learner1-8 std`` is the learners'
+deviation in each run, averaged over the repeats).
 
 The std is the sample standard deviation (ddof = 1) over the repeats (seeds or splits); with one repeat
 it is 0.
@@ -127,6 +129,50 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold:
     return "\n".join(lines) + "\n"
 
 
+COMPARED = ("recall@1", "map@r")
+"""The metrics ``comparison`` sets against the references (those of the chart)."""
+
+
+def apart(variant: tuple[float, float, int], reference: tuple[float, float, int]) -> str:
+    """``▲`` when the interval mean ± std of ``variant`` lies wholly above that of ``reference``, ``▼`` wholly
+    below, else ``""``; also ``""`` unless both have two repeats or more (one run's interval has no width)."""
+    (mean, std, n), (ref_mean, ref_std, ref_n) = variant, reference
+    if min(n, ref_n) < 2:
+        return ""
+    if mean - std > ref_mean + ref_std:
+        return "▲"
+    return "▼" if mean + std < ref_mean - ref_std else ""
+
+
+def comparison(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
+    """A table of each variant against each of ``spec.compare``: the difference of its mean from the reference's
+    (in points) for Recall@1 and MAP@R, with ``apart``'s mark; "—" where the reference has no finished run or
+    the two were run on different data sets. Empty without references."""
+    metrics, summary = summarise(rows)
+    shown = [m for m in COMPARED if m in metrics]
+    if not spec.compare or not shown:
+        return ""
+    data = data_of(rows)
+    header = [f"{metric_label(m)} − {reference}" for reference in spec.compare for m in shown]
+    lines = ["## Against the references", "",
+             "Each variant's mean minus the reference's, in points; ▲ / ▼ where the two mean ± std intervals do not "
+             "overlap (above / below; shown only when both have two runs or more).", "",
+             "| variant | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for variant, stats in summary.items():
+        cells = []
+        for reference in spec.compare:
+            for m in shown:
+                theirs = summary.get(reference, {}).get(m)
+                if variant == reference:
+                    cells.append("(reference)")
+                elif theirs is None or m not in stats or data[variant] != data[reference]:
+                    cells.append("—")
+                else:
+                    cells.append(f"{100 * (stats[m][0] - theirs[0]):+.2f} {apart(stats[m], theirs)}".rstrip())
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     """Grouped bars of Recall@1 and MAP@R (mean ± std) per variant, as PNG bytes."""
     from matplotlib.figure import Figure
@@ -182,7 +228,8 @@ def write_results(spec: StudySpec, rows: list[dict[str, Any]],
     spec.out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": spec.out / "results.csv", "md": spec.out / "results.md", "png": spec.out / "results.png"}
     atomic_write_text(paths["csv"], _csv(rows))
-    atomic_write_text(paths["md"], markdown(spec, rows))
+    against = comparison(spec, rows)
+    atomic_write_text(paths["md"], markdown(spec, rows) + (f"\n{against}" if against else ""))
     atomic_write_bytes(paths["png"], chart(rows, f"study {spec.name}"))
     if embedding_rows:
         paths["embeddings_csv"] = spec.out / "results-all-embeddings.csv"

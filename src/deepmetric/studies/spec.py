@@ -18,6 +18,8 @@ splits: 10                        # or the DIABLO protocol (§4.2): s = 0..9 cla
 split_fraction: 0.5               #   of the training classes (half validate), model selection on validation
 all_embeddings: true              # also `evaluate --all-embeddings` every run (ABE's learners and their mean ±
                                   #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
+compare: [gap]                    # optional: results.md also gives each variant's difference from these
+                                  #   variants' means, marked where the ±1 std intervals do not overlap
 ```
 
 A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid. A variant's
@@ -41,7 +43,7 @@ from ..errors import ConfigError, did_you_mean
 from ..presets import resolve as resolve_preset
 
 KEYS = ("name", "base", "out", "record", "set", "variants", "grid", "seeds", "splits", "split_fraction",
-        "all_embeddings")
+        "all_embeddings", "compare")
 
 
 @dataclass
@@ -72,6 +74,8 @@ class StudySpec:
     """``key=value`` overrides from the command line, over every variant's settings."""
     record: Path | None = None
     """Where each finished run's small files are kept as well (``studies.record``), or none."""
+    compare: list[str] = field(default_factory=list)
+    """The reference variants each variant is set against in ``results.md`` (``aggregate.comparison``)."""
 
     def run_dir(self, run: StudyRun) -> Path:
         """Where ``run`` trains: ``<out>/runs/<variant>/<repeat>``."""
@@ -173,11 +177,19 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     record = data.get("record")
     if record is not None and (not isinstance(record, str) or Path(record).exists() and not Path(record).is_dir()):
         raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
+    compare = data.get("compare") or []
+    compare = [compare] if isinstance(compare, str) else compare
+    if not isinstance(compare, list) or not all(isinstance(name, str) for name in compare):
+        raise ConfigError(f"study file {path}: 'compare' must be a variant's name or a list of them, got {compare!r}")
+    for reference in compare:
+        if reference not in variants:
+            raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
+                              f"{did_you_mean(reference, variants)} (its variants: {', '.join(variants)})")
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
-                     record=Path(record) if record is not None else None)
+                     record=Path(record) if record is not None else None, compare=compare)
     for run in spec.runs():  # every run's config must be valid before anything starts
         try:
             build_config(*run.layers)
