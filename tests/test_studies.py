@@ -204,7 +204,7 @@ def test_compare_sets_each_variant_against_the_references_in_results_md(tmp_path
     table = comparison(spec, rows)
     assert "| variant | R@1 − gap | MAP@R − gap |" in table
     assert "| gap | (reference) | (reference) |" in table
-    assert "| abe | +10.00 ▲ | +2.00 |" in table  # R@1 intervals apart; MAP@R's overlap (0.5 ± 0.014 vs 0.53 ± 0.028)
+    assert "| abe | +10.00 ▲ | +2.00 |" in table  # R@1 intervals apart; MAP@R's overlap (0.51 ± 0.014 vs 0.53 ± 0.028)
     assert "| other | — | — |" in table  # another data set: not comparable
     assert table in (write_results(spec, rows)["md"]).read_text()  # below the table of means
     assert comparison(load_study(write_study(tmp_path)), rows) == ""  # no references, no section
