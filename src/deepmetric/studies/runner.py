@@ -14,13 +14,13 @@ import logging
 from pathlib import Path
 
 from ..config import build_config
-from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted, did_you_mean
+from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
 from ..training import train
 from ..training.run_dir import RunDir
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .record import record_run, restore_run
-from .spec import StudySpec
+from .spec import StudySpec, variant_hint
 
 log = logging.getLogger("deepmetric")
 
@@ -33,7 +33,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
         unknown = [name for name in only if name not in spec.variants]
         if unknown:
             raise ConfigError(f"study {spec.name}: no variant named {unknown[0]!r}"
-                              f"{did_you_mean(unknown[0], spec.variants)} (its variants: {', '.join(spec.variants)})")
+                              f"{variant_hint(unknown[0], spec.variants)}")
         runs = [run for run in runs if run.variant in only]
     failed: list[str] = []
     elsewhere: list[str] = []

@@ -100,6 +100,11 @@ class StudySpec:
         return runs
 
 
+def variant_hint(name: str, variants: dict[str, Any]) -> str:
+    """What follows "no variant <name>" in an error: the nearest variant's name and the whole list."""
+    return f"{did_you_mean(name, variants)} (its variants: {', '.join(variants)})"
+
+
 def _dotted(mapping: dict[str, Any], where: str) -> dict[str, Any]:
     """``{"train.steps": 3}`` -> ``{"train": {"steps": 3}}`` (values kept as given)."""
     if not isinstance(mapping, dict):
@@ -184,7 +189,7 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     for reference in compare:
         if reference not in variants:
             raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
-                              f"{did_you_mean(reference, variants)} (its variants: {', '.join(variants)})")
+                              f"{variant_hint(reference, variants)}")
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
