@@ -33,7 +33,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
         unknown = [name for name in only if name not in spec.variants]
         if unknown:
             raise ConfigError(f"study {spec.name}: no variant named {unknown[0]!r}"
-                              f"{variant_hint(unknown[0], spec.variants)}")
+                              + variant_hint(unknown[0], spec.variants))
         runs = [run for run in runs if run.variant in only]
     failed: list[str] = []
     elsewhere: list[str] = []

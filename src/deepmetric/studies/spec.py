@@ -189,7 +189,7 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     for reference in compare:
         if reference not in variants:
             raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
-                              f"{variant_hint(reference, variants)}")
+                              + variant_hint(reference, variants))
     spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
