@@ -1,4 +1,5 @@
-"""What every benchmark script records beside its figures, how it writes them, and a shared timer."""
+"""What every benchmark script records beside its figures, how it writes them, and shared timers (which wait for
+the GPU's queued work when they time a CUDA device: its kernels run asynchronously)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from deepmetric.provenance import environment as provenance
 
 
-def environment() -> dict[str, Any]:
-    """The run's conditions (``deepmetric.provenance``): versions, deepmetric's commit, processor, torch threads."""
-    return provenance("cpu")
+def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The run's conditions (``deepmetric.provenance``): versions, deepmetric's commit, processor, torch threads,
+    and the GPU's name when ``device`` is a CUDA device."""
+    return provenance(device)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of one call of ``fn``, from an idle ``device`` to the end of the work it queued there."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def write_result(out: str | Path, result: dict[str, Any]) -> None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from _results import environment, write_result
+from _results import environment, timed, write_result
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepmetric import create_model
@@ -29,13 +29,13 @@ from deepmetric.config import build_config
 from deepmetric.losses import build_objective
 
 
-def step(model, objective, optimizer, images, labels) -> float:
-    start = time.perf_counter()
-    loss, _ = objective(model(images), labels)
+def step(model, objective, optimizer, images, labels, amp: bool = False) -> None:
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp):
+        output = model(images)
+    loss, _ = objective(output.float(), labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return time.perf_counter() - start
 
 
 def flops(model, objective, images, labels) -> int:
@@ -58,19 +58,22 @@ def main() -> None:
     parser.add_argument("--mode", default="cascaded")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--amp", action="store_true", help="forward passes under bfloat16 autocast")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "horde_overhead.json"))
     args = parser.parse_args()
 
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    model = create_model(args.backbone, pretrained=False, embedding_dim=512).set_channels_last(True)
-    images = torch.rand(args.batch, 3, args.size, args.size)
-    labels = torch.arange(args.batch // 8 + 1).repeat_interleave(8)[: args.batch]
+    model = create_model(args.backbone, pretrained=False, embedding_dim=512).set_channels_last(True).to(device)
+    images = torch.rand(args.batch, 3, args.size, args.size).to(device)
+    labels = torch.arange(args.batch // 8 + 1).repeat_interleave(8)[: args.batch].to(device)
     horde = {"orders": args.orders, "dim": args.dim, "mode": args.mode}
     setups = {}
     for name, regularizers in (("baseline", {}), ("horde", {"horde": horde})):
         copy_ = copy.deepcopy(model)
         config = build_config({"loss": {"name": "binomial", "regularizers": regularizers}})
-        objective = build_objective(config.loss, copy_.head, num_classes=args.batch // 8 + 1)
+        objective = build_objective(config.loss, copy_.head, num_classes=args.batch // 8 + 1).to(device)
         optimizer = torch.optim.Adam([*copy_.parameters(), *objective.parameters()], lr=1e-5)
         setups[name] = (copy_.train(), objective, optimizer)
     counted = {name: flops(m, o, images, labels) for name, (m, o, _) in setups.items()}
@@ -78,7 +81,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in setups}
     for repeat in range(args.warmup + args.repeats):
         for name, (m, o, opt) in setups.items():
-            elapsed = step(m, o, opt, images, labels)
+            elapsed = timed(functools.partial(step, m, o, opt, images, labels, args.amp), device)
             if repeat >= args.warmup:
                 times[name].append(elapsed)
     median = {name: statistics.median(values) for name, values in times.items()}
@@ -88,8 +91,8 @@ def main() -> None:
                   for name, (m, o, _) in setups.items()}
     result = {
         "benchmark": "horde_overhead", "backbone": args.backbone, "image_size": args.size, "batch": args.batch,
-        "feature_map": list(feature_map.shape[1:]), "horde": horde, "repeats": args.repeats,
-        **environment(),
+        "feature_map": list(feature_map.shape[1:]), "horde": horde, "repeats": args.repeats, "amp": args.amp,
+        **environment(device),
         "median_seconds": median, "all_seconds": times, "flops": counted, "parameters": parameters,
         "time_ratio": time_ratio, "flop_ratio": flop_ratio,
         "time_ratio_within_10pct_of_flop_ratio": abs(time_ratio - flop_ratio) <= 0.1 * flop_ratio,
@@ -98,7 +101,7 @@ def main() -> None:
           f"HORDE {args.mode} orders 2..{args.orders}, d = {args.dim}; {torch.get_num_threads()} threads")
     print(f"{'set-up':<10}{'median s/step':>15}{'GFLOP/step':>12}{'parameters':>14}")
     for name in setups:
-        print(f"{name:<10}{median[name]:>15.3f}{counted[name] / 1e9:>12.1f}{parameters[name]:>14,}")
+        print(f"{name:<10}{median[name]:>15.4f}{counted[name] / 1e9:>12.1f}{parameters[name]:>14,}")
     print(f"time ratio {time_ratio:.2f}, FLOP ratio {flop_ratio:.2f}")
     write_result(args.out, result)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -242,6 +243,8 @@ def _set_up_process(t: Any, context: DistContext) -> torch.device:
     if t.threads:
         torch.set_num_threads(t.threads)
     if t.deterministic:
+        # cuBLAS is deterministic only with a fixed workspace, read when its first handle is made in the process
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(t.seed)
     return resolve_device(t.device, context.local_rank)

