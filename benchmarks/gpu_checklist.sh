@@ -37,19 +37,19 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
   tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
     section tests
     XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 300 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_metrics.py \
+    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_metrics.py \
       -k "cuda or engine" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
     ;;
   data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
     section data
     timeout 200 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 0,6,12 \
-      --unpinned --steps 60 --warmup 20 --out "$RES/data_path.json" 2>&1 | grep -v Warning | tee "$RES/data_path.log"
+      --unpinned --steps 50 --warmup 15 --out "$RES/data_path.json" 2>&1 | grep -v Warning | tee "$RES/data_path.log"
     timeout 120 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 6,12 --amp \
-      --steps 60 --warmup 20 --out "$RES/data_path_bf16.json" 2>&1 | grep -v Warning | tee "$RES/data_path_bf16.log"
+      --steps 50 --warmup 15 --out "$RES/data_path_bf16.json" 2>&1 | grep -v Warning | tee "$RES/data_path_bf16.log"
     ;;
   train)  # 2. training throughput: layouts and precisions; the heads against their FLOPs; HORDE's overhead
     section train
-    timeout 120 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 20 \
+    timeout 120 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 12 \
       --out "$RES/train_step_cuda.json" 2>&1 | tee "$RES/train_step.log"
     for amp in "" "--amp"; do
       timeout 120 $PY benchmarks/heads_step_time.py --device cuda --size 224 --batch 64 --repeats 10 $amp \
