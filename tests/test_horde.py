@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -179,18 +180,34 @@ def test_regularizer_without_per_order_embeddings_and_option_errors():
 
 
 def test_the_one_over_sqrt_d_factor_changes_neither_loss_nor_gradients():
+    """The factor is a positive constant in front of each order's pooled moments, which the linear embedding and the
+    l2 normalisation cancel: the loss and the gradients (the objective's and the backbone's, through the feature map)
+    are the same with and without it."""
     model, output, labels = tiny_output()
-    plain = horde_objective(model, orders=4, dim=32)
-    scaled = horde_objective(model, orders=4, dim=32, scale=True)
+    # float64, so that only the property can tell the two apart. 1/sqrt(32) is not a power of two, so the scaled
+    # moments round differently; in float32 the gradients then differ by ~2e-7 of their norm (a few ulps), which
+    # where oneDNN sums in another order (no AVX-512) is 2e-3 of an entry near zero (9.18e-5 against 9.17e-5 in a
+    # gradient of norm 131): no elementwise rtol holds. In float64 they differ by ~6e-16 of their norm; 1e-10 of the
+    # norm leaves a margin of 1e5 for other summation orders, and a factor that is not one positive constant per
+    # order still fails: off by 1e-9 on some coordinates it moves the gradients by 5e-10 of their norm, an offset
+    # or a detached path by more than half of it.
+    feature_map = output.extras["feature_map"].detach().double().requires_grad_()
+    output = replace(output, extras={**output.extras, "feature_map": feature_map})
+    plain = horde_objective(model, orders=4, dim=32).double()
+    scaled = horde_objective(model, orders=4, dim=32, scale=True).double()
     scaled.load_state_dict(plain.state_dict())
     values = []
     for objective in (plain, scaled):
         objective.zero_grad()
+        feature_map.grad = None
         loss = objective.regularizers["horde"](output, labels)
-        loss.backward(retain_graph=True)
-        values.append((loss.item(), [p.grad.clone() for p in objective.parameters()]))
-    assert values[0][0] == pytest.approx(values[1][0], rel=1e-5)
-    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-8) for a, b in zip(values[0][1], values[1][1], strict=True))
+        loss.backward()
+        values.append((loss.item(), [p.grad.clone() for p in objective.parameters()] + [feature_map.grad.clone()]))
+    (loss_plain, grads_plain), (loss_scaled, grads_scaled) = values
+    assert loss_scaled == pytest.approx(loss_plain, rel=1e-10)
+    assert len(grads_plain) == 5  # the moments' matrices, the three embeddings and the feature map
+    for a, b in zip(grads_plain, grads_scaled, strict=True):
+        assert (a - b).norm() <= 1e-10 * a.norm()
 
 
 @pytest.mark.parametrize("mode", ["cascaded", "learned"])
