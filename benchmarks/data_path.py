@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from _results import environment, write_result
-from torch.utils.data import DataLoader
 
 import deepmetric.training.trainer as trainer
 from deepmetric.config import build_config
@@ -60,7 +59,7 @@ def on_device_loader(device: torch.device):
     out for ever."""
     real = trainer.training_loader
 
-    def loader(dataset, sampler, num_workers=0):
+    def loader(dataset, sampler, *args):
         images, labels, rows = next(iter(real(dataset, sampler, 0)))
         return itertools.repeat((images.to(device), labels.to(device), rows))
 
@@ -68,11 +67,11 @@ def on_device_loader(device: torch.device):
 
 
 def pinned_loader(pin: bool):
-    """The trainer's loader with ``pin_memory`` set as asked."""
+    """The trainer's loader with ``pin_memory`` set as asked (its workers are the config's)."""
+    real = trainer.training_loader
 
-    def loader(dataset, sampler, num_workers=0):
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin,
-                          persistent_workers=num_workers > 0)
+    def loader(dataset, sampler, num_workers, pin_memory, device):
+        return real(dataset, sampler, num_workers, pin, device)
 
     return loader
 

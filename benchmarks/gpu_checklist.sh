@@ -5,7 +5,8 @@
 # and the data path's images as a folder of emoji PNGs in .gpu/emoji-folder (one sub-folder per class), made on
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
-#   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]    # sections: setup tests train data eval compile
+#   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
+#   sections: setup tests data train eval eval-no-nmi compile (default: all but eval-no-nmi)
 #
 # Every section writes its log and JSON under $OUT/res and packs that folder into $OUT/results.tgz when it ends,
 # so a call cut short still returns what finished.
@@ -37,8 +38,8 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
   tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
     section tests
     XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_metrics.py \
-      -k "cuda or engine" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
+    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_device.py tests/test_metrics.py \
+      -k "cuda or engine or device" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
     ;;
   data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
     section data
@@ -64,6 +65,11 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     section eval
     timeout 240 $PY benchmarks/eval_speed.py --cuda --nmi --phases kmeans,pml,pml-k1000 \
       --out "$RES/eval_speed_cuda.json" 2>&1 | tee "$RES/eval_speed.log"
+    ;;
+  eval-no-nmi)  # 4, without NMI: the kNN and the metrics alone (NMI's k-means is on the CPU in both tools)
+    section eval-no-nmi
+    timeout 180 $PY benchmarks/eval_speed.py --cuda --phases pml \
+      --out "$RES/eval_speed_cuda_no_nmi.json" 2>&1 | tee "$RES/eval_speed_no_nmi.log"
     ;;
   compile)  # 2, continued: torch.compile (its compilation is the slow part)
     section compile

@@ -47,7 +47,12 @@ class DataConfig:
     """Decode every image before training and stop with the list of bad ones (see ``skip_bad_images``)."""
     skip_bad_images: bool = False
     """Leave bad images (and classes left with one image) out instead of stopping; the list goes to the run."""
-    num_workers: int = 0
+    num_workers: int | None = None
+    """DataLoader worker processes decoding and augmenting images. None (the default): none on the CPU, and on a
+    GPU as many as keep it fed (``deepmetric.data.torch_dataset.loader_workers``: 12 where there are CPUs for
+    them)."""
+    pin_memory: bool | None = None
+    """Page-locked batches, whose copy to the GPU overlaps the step. None (the default): on a GPU only."""
     seed: int = 0
     """Seed of the data set itself where it has one (the glyphs character split)."""
 

@@ -28,7 +28,9 @@ class EmbedSettings:
         test_resize: how it is resized (``data.test_resize``, ``data/resizing.py``).
         batch_size: images per forward pass (``eval.batch_size``).
         device: where the model runs.
-        num_workers: DataLoader workers decoding images (``data.num_workers``).
+        num_workers: DataLoader workers decoding images (``data.num_workers``; None: as ``loader_workers`` says
+            for ``device``).
+        pin_memory: page-locked batches (``data.pin_memory``; None: on a GPU only).
         progress: show a progress bar.
     """
 
@@ -36,15 +38,17 @@ class EmbedSettings:
     test_resize: str = "resize"
     batch_size: int = 128
     device: str | torch.device = "cpu"
-    num_workers: int = 0
+    num_workers: int | None = 0
     progress: bool = True
+    pin_memory: bool | None = None
 
     @classmethod
     def from_config(cls, config: Any, device: str | torch.device, progress: bool = True,
                     batch_size: int | None = None) -> EmbedSettings:
         """The settings of a run's config (``data`` and ``eval`` sections) on ``device``."""
         d = config.data
-        return cls(d.image_size, d.test_resize, batch_size or config.eval.batch_size, device, d.num_workers, progress)
+        return cls(d.image_size, d.test_resize, batch_size or config.eval.batch_size, device, d.num_workers, progress,
+                   d.pin_memory)
 
 
 @torch.no_grad()
@@ -59,12 +63,12 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalTable, settings: Embed
     rows = shard_rows(len(table), context)
     dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(settings.image_size, settings.test_resize)),
                                       rows.tolist())
-    loader = inference_loader(dataset, settings.batch_size, settings.num_workers)
+    loader = inference_loader(dataset, settings.batch_size, settings.num_workers, settings.pin_memory, settings.device)
     chunks: dict[str, list[torch.Tensor]] = {}
     with eval_mode(model):
         for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not settings.progress,
                                          leave=False):
-            for name, value in select(model(images.to(settings.device))).items():
+            for name, value in select(model(images.to(settings.device, non_blocking=True))).items():
                 chunks.setdefault(name, []).append(value.float().cpu())
     return {name: gather_rows(torch.cat(values).to(settings.device), len(table), context).cpu().numpy()
             for name, values in chunks.items()}

@@ -19,14 +19,20 @@ from ..provenance import evaluation_environment
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``train.device`` as a device (auto: this rank's GPU, else the CPU). A GPU becomes the current CUDA device,
-    so that CUDA work given no device (NCCL's collectives, the cuda kNN engine) runs on it, not on GPU 0."""
+    """``train.device`` as a device (auto: this rank's GPU, else the CPU). ``cuda`` without an index is this rank's
+    GPU too (``cuda:LOCAL_RANK``). A GPU becomes the current CUDA device, so that CUDA work given no device (NCCL's
+    collectives, the cuda kNN engine) runs on it, not on GPU 0."""
     if name == "auto":
-        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeepMetricError(f"train.device={name} but torch sees no CUDA device")
     device = torch.device(name)
     if device.type == "cuda":
+        if device.index is None:  # torch.cuda.set_device refuses a device without an index
+            device = torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise DeepMetricError(f"train.device={name} is GPU {device.index}, but torch sees "
+                                  f"{torch.cuda.device_count()} CUDA device(s)")
         torch.cuda.set_device(device)
     return device
 

@@ -355,7 +355,7 @@ def _loop(session: Session) -> TrainResult:
     d = config.data
     dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
                            labels=np.searchsorted(session.classes, session.train_part.labels))
-    batches = iter(training_loader(dataset, session.sampler, d.num_workers))
+    batches = iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
     started = time.perf_counter()

@@ -50,7 +50,8 @@ def _attention_batches(model: Embedder, table: RetrievalTable, config: RunConfig
                        batch_size: int | None, progress: bool) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield (input images (B, 3, H, W), attention (B, P, h, w) on CPU, table rows)."""
     dataset = ImageDataset(table, TestTransform(config.data.image_size, config.data.test_resize))
-    loader = inference_loader(dataset, batch_size or config.eval.batch_size, config.data.num_workers)
+    loader = inference_loader(dataset, batch_size or config.eval.batch_size, config.data.num_workers,
+                              config.data.pin_memory, device)
     for images, _, rows in progress_bar(loader, desc="attention", unit="batch", disable=not progress, leave=False):
         with torch.no_grad():
             attention = model(images.to(device)).attention
