@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from deepmetric import create_model
 from deepmetric.config import build_config
 from deepmetric.errors import ConfigError
 from deepmetric.losses import ActivationDecay, DeMLAdversary, DeMLPairHinge, LearnerRowNorm, build_objective
-from deepmetric.losses.gradient_reversal import reverse_gradient
+from deepmetric.losses.gradient_reversal import ganin_lambda, reverse_gradient
+from deepmetric.losses.objective import Objective
 from deepmetric.models import create_backbone
 from deepmetric.models.heads import HeadOutput
 from deepmetric.models.heads.deml import DeMLHead
@@ -207,7 +209,7 @@ class Grid(torch.nn.Module):
 
 def test_the_adversary_descends_its_loss_while_the_learners_ascend_it():
     output = learner_output()
-    adversary = DeMLAdversary(Grid(2, 3, 5))
+    adversary = DeMLAdversary(Grid(2, 3, 5), ramp_steps=0)  # lambda = 1 from the first step
     loss = adversary(output, None)
     grads = torch.autograd.grad(loss, [*output.parts, *adversary.parameters()])
     parts = torch.stack(output.parts, 1).view(6, 2, 3, 5)
@@ -220,6 +222,51 @@ def test_the_adversary_descends_its_loss_while_the_learners_ascend_it():
         assert torch.allclose(ours, -reference, atol=1e-6) and ours.abs().sum() > 0
     for ours, reference in zip(grads[6:], plain_grads[6:], strict=True):  # adversary: as is
         assert torch.allclose(ours, reference, atol=1e-6) and ours.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("step", "expected"), [(0, 0.0), (100, 0.049958), (1500, 0.635149), (5000, 0.986614),
+                                              (10_000, 0.999909), (50_000, 0.999909)])
+def test_ganins_ramp_takes_its_values_at_given_steps(step, expected):
+    """lambda_p = 2 / (1 + exp(-10 p)) - 1, p = step / 10,000 held at 1 (values by hand: tanh(5 p))."""
+    assert ganin_lambda(step, 10_000) == pytest.approx(expected, abs=1e-6)
+    assert ganin_lambda(step, 10_000) == pytest.approx(math.tanh(5 * min(step / 10_000, 1.0)), abs=1e-12)
+    assert ganin_lambda(step, 0) == 1.0
+
+
+@pytest.mark.parametrize("step", [0, 100, 1500, 20_000])
+def test_the_learners_gradient_from_the_adversary_is_minus_lambda_at_the_step(step):
+    """By default (the authors' code) the reversed gradient on the learners is -lambda(step) times the adversary
+    loss' own gradient, with Ganin's ramp over 10,000 steps; the adversary's own gradient does not ramp."""
+    output = learner_output()
+    ramped, constant = DeMLAdversary(Grid(2, 3, 5)), DeMLAdversary(Grid(2, 3, 5), ramp_steps=0)
+    constant.load_state_dict(ramped.state_dict())
+    assert ramped.ramp_steps == 10_000
+    found = []
+    for adversary in (ramped, constant):
+        Objective(torch.nn.Identity(), regularizers={"deml-adversary": (adversary, 1.0)}).set_step(step)
+        loss = adversary(output, None)
+        found.append(torch.autograd.grad(loss, [*output.parts, *adversary.parameters()]))
+    lam = ganin_lambda(step, 10_000)
+    for ours, reference in zip(found[0][:6], found[1][:6], strict=True):
+        assert torch.allclose(ours, lam * reference, atol=1e-7)
+    for ours, reference in zip(found[0][6:], found[1][6:], strict=True):
+        assert torch.allclose(ours, reference, atol=1e-7)
+
+
+def test_the_trainer_tells_the_objective_every_step_and_a_resumed_run_goes_on_from_its_checkpoint(tmp_path,
+                                                                                                    monkeypatch):
+    from deepmetric.training import train
+
+    seen = []
+    monkeypatch.setattr(DeMLAdversary, "set_step", lambda self, step: seen.append(step))
+    config = tiny_config(model={"head": "deml", "head_options": {"num_scales": 2, "num_branches": 2}},
+                         train={"steps": 4, "checkpoint_every": 2})
+    train(config, tmp_path / "run", progress=False)
+    assert seen == [0, 1, 2, 3]
+    seen.clear()
+    train(tiny_config(model=config.model.__dict__, train={"steps": 6, "checkpoint_every": 2}), tmp_path / "run",
+          resume=True, progress=False)
+    assert seen == [4, 5]
 
 
 def test_the_adversary_cannot_collapse_to_a_constant():

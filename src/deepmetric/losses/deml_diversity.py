@@ -2,7 +2,12 @@
 
 ``deml-adversary`` (the paper, eq. 4; lambda_0 = 1 as the weight):
 ``max_{f, g, CAMs} min_{F^i} L_adv = sum_{j,j'} ||F^i(CA_(i,j)[x^i]) - F^i(CA_(i,j')[x^i])||^2``, one adversary F^i per
-scale behind a gradient-reversal layer: F^i descends L_adv, the learners, gates and backbone descend -L_adv.
+scale behind a gradient-reversal layer: F^i descends L_adv, the learners, gates and backbone descend -lambda L_adv.
+The paper is silent on lambda; as the authors' code, it ramps from 0 to ``reversal`` with Ganin's schedule over
+``ramp_steps`` = 10,000 training steps (``ganin_lambda``: 0.05 at step 100, 0.64 at 1,500), so that the learners
+are not pushed apart before the adversary has learnt anything; ``ramp_steps=0`` reverses with ``reversal`` from
+the first step (this project's behaviour before 2026-11-26). The trainer tells the objective the step
+(``Objective.set_step``).
 The paper leaves F unspecified, and min_F of a pure discrepancy is solved by a constant F, after which the
 constraint does nothing. Here F^i is an MLP (d' -> 256 -> LeakyReLU(0.2) -> 128) whose outputs are
 **standardised over the batch** (zero mean, unit variance per output unit over the B x J learner outputs of the
@@ -30,7 +35,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.heads import HeadOutput
-from .gradient_reversal import reverse_gradient
+from .gradient_reversal import ganin_lambda, reverse_gradient
 
 
 def learner_grid(head: nn.Module | None, regularizer: str) -> tuple[int, int, int]:
@@ -51,10 +56,13 @@ def grouped_parts(output: HeadOutput, num_scales: int, num_branches: int) -> tor
 
 class DeMLAdversary(nn.Module):
     def __init__(self, head: nn.Module | None = None, hidden_dim: int = 256, output_dim: int = 128,
-                 reversal: float = 1.0, eps: float = 1e-5):
+                 reversal: float = 1.0, eps: float = 1e-5, ramp_steps: int = 10_000):
         super().__init__()
         self.num_scales, self.num_branches, part_dim = learner_grid(head, "deml-adversary")
-        self.reversal, self.eps = reversal, eps
+        if ramp_steps < 0:
+            raise ConfigError(f"regularizer 'deml-adversary': ramp_steps must be at least 0, got {ramp_steps}")
+        self.reversal, self.eps, self.ramp_steps = reversal, eps, ramp_steps
+        self.step = 0  # the training step, from Objective.set_step
         if self.num_branches < 2:  # no pair of learners to compare: nothing to learn
             return
         i = self.num_scales
@@ -63,6 +71,13 @@ class DeMLAdversary(nn.Module):
         self.w2 = nn.Parameter(torch.empty(i, hidden_dim, output_dim))
         for weight, fan_in in ((self.w1, part_dim), (self.w2, hidden_dim)):
             nn.init.uniform_(weight, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))  # nn.Linear's default
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+
+    def reversal_now(self) -> float:
+        """lambda at the current step: ``reversal`` x Ganin's ramp over ``ramp_steps``."""
+        return self.reversal * ganin_lambda(self.step, self.ramp_steps)
 
     def adversary(self, parts: torch.Tensor) -> torch.Tensor:
         """F^i of every learner output (B, I, J, d') -> standardised features (B, I, J, k)."""
@@ -77,7 +92,7 @@ class DeMLAdversary(nn.Module):
         parts = grouped_parts(output, self.num_scales, self.num_branches)
         if self.num_branches < 2:
             return parts.new_zeros(())
-        features = self.adversary(reverse_gradient(parts, self.reversal))
+        features = self.adversary(reverse_gradient(parts, self.reversal_now()))
         p, q = torch.triu_indices(self.num_branches, self.num_branches, offset=1, device=parts.device)
         return (features[:, :, p] - features[:, :, q]).pow(2).mean(dim=3).mean()
 

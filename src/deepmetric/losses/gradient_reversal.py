@@ -2,12 +2,12 @@
 minimisation: forward ``GRL(x) = x``, backward ``dL/dx <- -lambda dL/dx``. Everything before the layer then
 descends ``-lambda L`` while everything after it descends ``L``.
 
-DeML uses a constant lambda = 1 here. The DeML authors' ``gradients_reverse_layer`` ramps it as Ganin's
-schedule, ``2 / (1 + exp(-10 p)) - 1`` with p the training progress over 10k iterations; the paper does not
-mention it, and it is not reproduced (docs/reproduce.md)."""
+The DeML paper does not say how lambda is set; the authors' ``gradients_reverse_layer`` ramps it with Ganin's
+schedule (``ganin_lambda``), which ``deml-adversary`` follows by default (``ramp_steps``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,3 +27,14 @@ class _Reverse(torch.autograd.Function):
 def reverse_gradient(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Identity forward; the gradient flowing back through it is multiplied by ``-scale``."""
     return _Reverse.apply(x, scale)
+
+
+def ganin_lambda(step: int, ramp_steps: int) -> float:
+    """Ganin et al.'s schedule (JMLR 2016, §5.2.2): ``lambda_p = 2 / (1 + exp(-10 p)) - 1`` with the progress
+    ``p = step / ramp_steps`` (held at 1 after ``ramp_steps``): 0 at the start, 0.46 at p = 0.1, 0.99991 at
+    p = 1. The DeML code's ``gradients_reverse_layer`` computes it with p = iteration / ``max_iter`` (10,000 by
+    default). ``ramp_steps=0`` gives a constant 1."""
+    if ramp_steps <= 0:
+        return 1.0
+    progress = min(max(step, 0) / ramp_steps, 1.0)
+    return 2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0

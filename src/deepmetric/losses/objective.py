@@ -71,6 +71,13 @@ class Objective(nn.Module):
                 found.update({f"{reg_name}.{k}": v for k, v in regularizer.embeddings(output).items()})
         return found
 
+    def set_step(self, step: int) -> None:
+        """Tell every term that follows a schedule (``set_step(step)``, e.g. DeML's gradient-reversal ramp) the
+        0-based training step about to be taken."""
+        for module in self.modules():
+            if module is not self and callable(getattr(module, "set_step", None)):
+                module.set_step(step)
+
     def forward(self, output: HeadOutput, labels: torch.Tensor,
                 generated: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -368,6 +368,7 @@ def _loop(session: Session) -> TrainResult:
             images, labels, _ = next(batches)
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
+            objective.set_step(step)
             with autocast:
                 output = trained(images)
             if t.amp:
