@@ -352,3 +352,45 @@ def test_abe_horde_reduces_the_learner_maps_by_a_1x1_convolution_and_trains_the_
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.head.psi.parameters())
     with pytest.raises(ConfigError, match="reduce_channels must be at least 1"):
         horde_objective(model, reduce_channels=0)
+
+
+@pytest.mark.parametrize(("rate", "groups", "expected"), [
+    ("backbone", {}, 1e-5), ("head", {}, 1e-3), ("backbone", {"horde": {"lr_scale": 10}}, 1e-4)])
+def test_hordes_weights_train_in_a_group_of_their_own_at_the_backbones_rate_by_default(rate, groups, expected):
+    """The thesis and its code train everything at one Adam rate: HORDE's weights are the ``horde`` group at
+    ``train.lr_backbone`` unless ``rate: head`` (``train.lr``); a learned parameter of the per-order losses
+    (margin's beta) stays in ``loss``."""
+    from deepmetric.training.optim import build_optimizer
+
+    model, _, _ = tiny_output()
+    objective = horde_objective(model, "margin", orders=3, dim=16, rate=rate)
+    horde = objective.regularizers["horde"]
+    config = build_config({"train": {"lr": 1e-3, "lr_backbone": 1e-5, "lr_loss": 5e-2, "groups": groups}})
+    optimizer = build_optimizer(model, objective, config.train)
+    by_name = {group["name"]: group for group in optimizer.param_groups}
+    assert by_name["horde"]["lr"] == pytest.approx(expected)
+    assert {id(p) for p in by_name["horde"]["params"]} == {id(p) for p in horde.group_parameters()}
+    assert len(horde.group_parameters()) == 1 + 2  # the moments' matrices and the two per-order embeddings
+    betas = {id(p) for loss in horde.losses for p in loss.parameters()}
+    assert betas and betas <= {id(p) for p in by_name["loss"]["params"]}
+    everything = [p for group in optimizer.param_groups for p in group["params"]]
+    assert len(everything) == len({id(p) for p in everything})  # no parameter in two groups
+    with pytest.raises(ConfigError, match="rate must be one of backbone, head, got 'fast'"):
+        horde_objective(model, orders=3, dim=16, rate="fast")
+
+
+def test_hordes_per_order_embeddings_start_glorot_uniform_as_the_authors_keras_dense():
+    """U(+-sqrt(6 / (d + D))) with d = 1024, D = 8: the largest entry is just under the bound, and the spread is the
+    uniform's (bound / sqrt 3); ``init: torch`` keeps nn.Linear's U(+-1 / sqrt(d)), sqrt(6 d / (d + D)) ~ 2.4
+    times narrower."""
+    model, _, _ = tiny_output()
+    glorot = horde_objective(model, orders=3, dim=1024).regularizers["horde"].embed
+    plain = horde_objective(model, orders=3, dim=1024, init="torch").regularizers["horde"].embed
+    bound = math.sqrt(6 / (1024 + 8))
+    for weight in (layer.weight.detach() for layer in glorot):
+        assert 0.99 * bound < float(weight.abs().max()) <= bound
+        assert float(weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    for weight in (layer.weight.detach() for layer in plain):
+        assert float(weight.abs().max()) <= 1 / math.sqrt(1024)
+    with pytest.raises(ConfigError, match="init must be 'glorot' or 'torch', got 'he'"):
+        horde_objective(model, orders=3, dim=16, init="he")

@@ -24,6 +24,14 @@ divides it by K - 1, the weighting the authors' code uses for ABE + HORDE). Add 
   normalisation cancel exactly, so it changes the range of the values only, not the loss or its
   gradients). ``embedding_dim=0`` drops the per-order embeddings (Table 5.3: the loss acts on the
   l2-normalised d-dimensional moments).
+- **Training** (``rate``, ``init``): the thesis and the authors' code train every weight with one Adam rate
+  (1e-5, backbone included), so HORDE's parameters form an optimiser group of their own, ``horde``, at the
+  backbone's rate (``rate="backbone"``, the default: ``train.lr_backbone``); ``rate="head"`` puts them at the
+  new layers' ``train.lr`` instead (this project's behaviour before 2026-11-26, when they sat in the ``loss``
+  group: at 10 x the backbone's rate one Adam step took the summed HORDE loss from 4.06 to 42.0).
+  ``train.groups.horde.lr_scale`` scales either. The per-order embeddings start Glorot-uniform, as the
+  authors' Keras ``Dense`` layers (``init="glorot"``, the default; about 2.4 times the width of PyTorch's
+  default ``Linear`` initialisation at d = 8192, D = 512); ``init="torch"`` keeps PyTorch's.
 - **ABE + HORDE** (thesis §5.5.3, Table 5.1): the authors' code feeds HORDE the 8 learners' inception-5b
   maps concatenated (8 x 1024 channels; the ABE head's ``branch_feature_map``) through a 1 x 1 convolution
   without bias down to 1024 channels (``reduce_channels=1024``; Glorot-uniform initialised, as Keras'
@@ -42,14 +50,24 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.heads import Head, HeadOutput
 from ..models.high_order import HighOrderMoments
+from ..models.init import glorot_uniform_
+
+GROUP_RATES = ("backbone", "head")
+"""Base rates a regulariser's own optimiser group may take: ``train.lr_backbone`` or ``train.lr``."""
 
 
 class HordeRegularizer(nn.Module):
     def __init__(self, head: Head, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
                  orders: int = 5, dim: int = 8192, mode: str = "cascaded", embedding_dim: int | None = None,
                  scale: bool = False, seed: int = 0, reduction: str = "sum", loss: str | None = None,
-                 loss_options: dict[str, Any] | None = None, reduce_channels: int | None = None):
+                 loss_options: dict[str, Any] | None = None, reduce_channels: int | None = None,
+                 rate: str = "backbone", init: str = "glorot"):
         super().__init__()
+        if rate not in GROUP_RATES:
+            raise ConfigError(f"regularizer 'horde': rate must be one of {', '.join(GROUP_RATES)}, got '{rate}'")
+        if init not in ("glorot", "torch"):
+            raise ConfigError(f"regularizer 'horde': init must be 'glorot' or 'torch', got '{init}'")
+        self.parameter_group, self.group_rate = "horde", rate  # build_optimizer's group and its base rate
         channels = head.feature_channels
         if not channels:
             raise ConfigError(f"regularizer 'horde' needs a head that exposes its local feature map "
@@ -69,6 +87,9 @@ class HordeRegularizer(nn.Module):
         embedding_dim = head.embedding_dim if embedding_dim is None else embedding_dim
         self.embed = nn.ModuleList(
             nn.Linear(dim, embedding_dim, bias=False) if embedding_dim else nn.Identity() for _ in range(orders - 1))
+        if init == "glorot" and embedding_dim:
+            for layer in self.embed:
+                glorot_uniform_(layer.weight, dim, embedding_dim)
         if loss is not None:
             from . import build_loss
 
@@ -76,6 +97,11 @@ class HordeRegularizer(nn.Module):
                 return build_loss(loss, loss_options, num_classes)
         self.losses = nn.ModuleList(metric_loss() for _ in range(orders - 1))
         self.reduction = reduction
+
+    def group_parameters(self) -> list[nn.Parameter]:
+        """HORDE's own weights (the ``horde`` optimiser group): the channel reduction, the moments' projections
+        and the per-order embeddings; the per-order losses' parameters, if any, stay in the ``loss`` group."""
+        return [*self.reduce.parameters(), *self.moments.parameters(), *self.embed.parameters()]
 
     def embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]:
         """``{"order2": e_2, ..., "orderK": e_K}``, each (B, D) l2-normalised."""

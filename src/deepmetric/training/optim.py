@@ -26,25 +26,45 @@ def loss_lr(objective: nn.Module, config: TrainConfig) -> float:
     return config.lr
 
 
+def objective_groups(objective: nn.Module) -> tuple[dict[str, list[nn.Parameter]], dict[str, str]]:
+    """The optimiser groups that parts of the objective ask for (a module with ``parameter_group``, its name,
+    ``group_rate``, ``backbone`` or ``head``, and ``group_parameters()``: e.g. HORDE's ``horde`` group): their
+    trainable parameters and base rates. Every other parameter of the objective is in the ``loss`` group."""
+    groups: dict[str, list[nn.Parameter]] = {}
+    rates: dict[str, str] = {}
+    for module in objective.modules():
+        name = getattr(module, "parameter_group", None)
+        if name:
+            groups.setdefault(name, []).extend(p for p in module.group_parameters() if p.requires_grad)
+            rates[name] = module.group_rate
+    return {n: g for n, g in groups.items() if g}, {n: r for n, r in rates.items() if groups[n]}
+
+
 def build_optimizer(model: Embedder, objective: nn.Module, config: TrainConfig) -> torch.optim.Adam:
     """Adam over the model's named parameter groups plus ``loss`` (parameters living in the objective).
 
-    Base learning rates: ``pretrained`` -> ``lr_backbone``, ``loss`` -> ``lr_loss`` (default ``lr``), every
-    other group (``new`` and a head's own) -> ``lr``; ``train.groups.<name>.lr_scale`` multiplies it and
+    Base learning rates: ``pretrained`` -> ``lr_backbone``, ``loss`` -> ``lr_loss`` (default ``lr``), a group
+    the objective asks for (``objective_groups``: HORDE's ``horde``) -> its ``group_rate``, every other group
+    (``new`` and a head's own) -> ``lr``; ``train.groups.<name>.lr_scale`` multiplies it and
     ``train.groups.<name>.weight_decay`` replaces ``weight_decay``; the head's ``default_groups`` give the values
     the config leaves unset. The papers train everything with Adam
     at 1e-5 (DIABLO §4.4.6; HORDE code); groups let a method give its parts their own rates (DeML's
     learners at 10x, DGML's queries) and a learned loss parameter (margin's beta) its own.
     """
     params = dict(model.parameter_groups())
-    loss_params = [p for p in objective.parameters() if p.requires_grad]
+    own, own_rates = objective_groups(objective)
+    owned = {id(p) for group in own.values() for p in group}
+    loss_params = [p for p in objective.parameters() if p.requires_grad and id(p) not in owned]
     if loss_params:
         params["loss"] = loss_params
+    params.update(own)
     unknown = set(config.groups) - set(params)
     if unknown:
         raise ConfigError(f"train.groups names {sorted(unknown)}, but this model's parameter groups are "
                           f"{sorted(params)}")
-    base = {"pretrained": config.lr_backbone, "loss": loss_lr(objective, config)}
+    rates = {"backbone": config.lr_backbone, "head": config.lr}
+    base = {"pretrained": config.lr_backbone, "loss": loss_lr(objective, config),
+            **{name: rates[rate] for name, rate in own_rates.items()}}
     groups = []
     for name, group_params in params.items():
         options = {**model.head.default_groups.get(name, {}), **config.groups.get(name, {})}
