@@ -106,7 +106,7 @@ def test_selection_weights_are_a_softmax_of_cosines_computed_location_by_locatio
 def test_pre_attention_merge_is_the_hadamard_product_with_duplicated_features_and_runs_psi_once():
     torch.manual_seed(0)
     model = create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, num_entries=4,
-                         freeze_bn=False).eval()
+                         freeze_bn=False, scale_compensation=False).eval()  # the paper's eq. 13 as written
     head = model.head
     features = model.trunk(model.normalize(torch.rand(3, 3, 32, 32)))  # (3, 8, 16, 16)
     seen = []
@@ -362,3 +362,43 @@ def test_heads_train_evaluate_and_reload_through_the_run_directory(tmp_path, hea
         one, two = rows[f"{prefix}1"][key], rows[f"{prefix}2"][key]
         assert rows[f"{prefix}1-2 mean"][key] == pytest.approx((one + two) / 2)
         assert rows[f"{prefix}1-2 std"][key] == pytest.approx(abs(one - two) / 2)
+
+
+def _merged_maps(model, images):
+    """The pre-attention merge (B, N, c, h, w) that the head hands its tail, and the trunk map F (B, c, h, w)."""
+    seen = []
+    features = model.trunk(model.normalize(images))
+    handle = model.head.psi.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        model.head.branch_features(features)
+    finally:
+        handle.remove()
+    assert len(seen) == 1  # B·N = 12 maps: one call of psi
+    return seen[0].unflatten(0, (len(images), -1)), features
+
+
+@pytest.mark.parametrize(("option", "scale"), [("auto", 4.0), (True, 4.0), (False, 1.0)])
+def test_diablos_scale_compensation_gives_the_attended_maps_the_scale_of_f(option, scale):
+    """The entries' maps sum to 1 (a softmax), so sum_n A_n ⊙ F = F: compensated (N · A_n ⊙ F, the default on a
+    tail with BatchNorm, as the tiny backbone's) the mean of the N merged maps is F itself; uncompensated, F / N."""
+    from deepmetric import create_model
+
+    torch.manual_seed(0)
+    model = create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, num_entries=4,
+                         scale_compensation=option).eval()
+    merged, features = _merged_maps(model, torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    assert merged.shape[1] == 4 and model.head.merge_scale == scale
+    torch.testing.assert_close(merged.mean(dim=1), features * scale / 4, rtol=1e-5, atol=1e-6)
+
+
+def test_diablo_compensates_by_default_only_where_the_tail_has_batch_norm():
+    from deepmetric import create_model
+    from deepmetric.errors import ConfigError
+    from deepmetric.models.heads.diablo import has_batch_norm
+
+    paper = create_model("inception-v1", head="diablo", pretrained=False, num_entries=8)  # Caffe's: no BatchNorm
+    assert not has_batch_norm(paper.head.psi) and paper.head.merge_scale == 1.0
+    bn = create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, num_entries=8)
+    assert has_batch_norm(bn.head.psi) and bn.head.merge_scale == 8.0
+    with pytest.raises(ConfigError, match="scale_compensation must be true, false or auto, got 'yes'"):
+        create_model("tiny", head="diablo", pretrained=False, embedding_dim=16, scale_compensation="yes")

@@ -171,8 +171,9 @@ class MultiBranchHead(Head):
 
     def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
                  embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto",
-                 branch_feature_map: bool = False, glorot_embedding: bool = False):
+                 branch_feature_map: bool = False, glorot_embedding: bool = False, merge_scale: float = 1.0):
         super().__init__()
+        self.merge_scale = merge_scale  # the pre-attention merge is merge_scale * (F ⊙ A) (DIABLO's compensation)
         if strategy not in ("pre", "post"):
             raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
         self.psi, self.phi, self.selector = psi, phi, selector
@@ -205,6 +206,8 @@ class MultiBranchHead(Head):
         if self.strategy == "pre":
             maps = self.attention_maps(features, features.shape[-2:])
             merged = (features.unsqueeze(1) * maps).flatten(0, 1)  # (B·N, c, h, w): eq. 3 / eq. 13
+            if self.merge_scale != 1.0:
+                merged = merged * self.merge_scale
             pooled, unpooled = self.pooled_tail(merged)  # eq. 4 on all branches
             branch_maps = unpooled.unflatten(0, (b, self.num_branches)) if unpooled is not None else None
             return pooled.view(b, self.num_branches, -1), maps, branch_maps
