@@ -93,3 +93,92 @@ def test_the_trainer_and_the_evaluator_pass_the_config_and_their_device_to_the_l
     assert seen == [(None, False, torch.device("cpu"))]  # the training batches
     evaluate_run(tmp_path / "run", progress=False)
     assert seen[1:] == [(None, False, torch.device("cpu"))]  # the test split's embeddings
+
+
+# ---- device placement of every plug-in, proven without a GPU ------------------------------------------------------
+# Inside ``tensors_need_a_device`` torch's default device is ``meta``: a tensor that a plug-in makes without naming a
+# device (``torch.zeros(n)``, ``torch.tensor([...])``, ``torch.arange(k)``) lands on ``meta`` and the first operation
+# that meets the CPU inputs fails, where on a GPU it would have landed on the CPU beside CUDA inputs. Tensors made
+# with ``device=x.device`` or ``*_like(x)`` stay with their inputs. The model, the objective and the inputs are built
+# before (on the CPU), and the optimiser's step is outside (Adam makes its step counters on the CPU on purpose).
+
+
+class tensors_need_a_device:
+    def __enter__(self):
+        torch.set_default_device("meta")
+
+    def __exit__(self, *exc):
+        torch.set_default_device(None)
+
+
+def _train_and_embed(config, steps_in=tensors_need_a_device):
+    """Build the run's model, objective and generator on the CPU; then, with factories defaulting to ``meta``: a
+    training forward, the objective (with generated examples) and backward, the generator's own step, and an
+    evaluation forward."""
+    from deepmetric.generators import build_generator
+    from deepmetric.losses import build_objective
+    from deepmetric.models import create_model
+
+    torch.manual_seed(0)
+    m = config.model
+    model = create_model(m.backbone, head=m.head, embedding_dim=m.embedding_dim, pretrained=False,
+                         **m.head_options)
+    labels = torch.arange(4).repeat_interleave(3)
+    images = torch.rand(len(labels), 3, 32, 32)
+    model.train()
+    if model.head.init_images:
+        model.initialize_head(iter([images]))
+    objective = build_objective(config.loss, model.head, num_classes=4)
+    generator = None
+    if config.generator.name:
+        generator = build_generator(config.generator.name, config.generator.options, head=model.head, num_classes=4,
+                                    batch_size=len(labels), lr=1e-3, seed=0)
+    with steps_in():
+        output = model(images)
+        generated = generator.generate(output, labels) if generator is not None else None
+        loss, _ = objective(output, labels, generated.rows() if generated is not None else None)
+        loss.backward()
+        if generator is not None:
+            generator.step(output, labels)
+        model.eval()
+        with torch.no_grad():
+            embedding = model(images).embedding
+    assert embedding.device.type == "cpu" and torch.isfinite(loss)
+
+
+from test_cuda import CASES as PLUG_INS  # noqa: E402  (every head, loss, regulariser and the generator)
+
+
+@pytest.mark.parametrize("case", list(PLUG_INS))
+def test_no_plug_in_makes_a_tensor_without_naming_its_device(case):
+    if "pml" in case:
+        pytest.importorskip("pytorch_metric_learning")
+    from helpers import tiny_config
+
+    _train_and_embed(tiny_config(**PLUG_INS[case]))
+
+
+def test_the_device_check_catches_a_tensor_made_without_a_device():
+    """The mechanism itself: the same step with a plug-in that makes ``torch.ones(n)`` fails; with
+    ``torch.ones(n, device=x.device)`` it passes."""
+    from helpers import tiny_config
+
+    class Careless(torch.nn.Module):
+        def forward(self, output, labels):
+            return (output.embedding.sum(dim=1) * torch.ones(len(labels))).mean()
+
+    class Careful(torch.nn.Module):
+        def forward(self, output, labels):
+            return (output.embedding.sum(dim=1) * torch.ones(len(labels), device=labels.device)).mean()
+
+    from deepmetric.losses import REGULARIZERS
+
+    for name, cls in (("careful", Careful), ("careless", Careless)):
+        REGULARIZERS.register(name, cls)
+    try:
+        _train_and_embed(tiny_config(loss={"regularizers": {"careful": {"weight": 1.0}}}))
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            _train_and_embed(tiny_config(loss={"regularizers": {"careless": {"weight": 1.0}}}))
+    finally:
+        for name in ("careful", "careless"):
+            REGULARIZERS.unregister(name)

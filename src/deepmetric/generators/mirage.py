@@ -189,7 +189,7 @@ class MirageGenerator(Generator):
 
     def sample_noise(self, rows: int) -> torch.Tensor:
         """eps ~ N(0, Sigma), Sigma = (noise_std^2 / D) I, from the generator's own stream (CPU, then moved)."""
-        eps = torch.randn(rows, self.embedding_dim, generator=self.noise) * (self.noise_std / math.sqrt(
+        eps = torch.randn(rows, self.embedding_dim, generator=self.noise, device="cpu") * (self.noise_std / math.sqrt(
             self.embedding_dim))
         return eps.to(self.prototypes.device)
 
@@ -222,14 +222,15 @@ class MirageGenerator(Generator):
         """x~_t and x~_v (eq. 6.2) with their labels (prototype rows: training t, virtual N_t + v)."""
         self._virtual = None
         n_t, n_v = self.composition(len(labels))
+        # the rows are chosen on the CPU, from the CPU noise stream (the same draws on any device), then moved
         classes, counts = torch.unique(labels.cpu(), return_counts=True)
         rows = [classes.repeat(math.ceil(n_t / len(classes)))[:n_t]] if n_t else []
-        chosen = torch.empty(0, dtype=torch.long)
+        chosen = torch.empty(0, dtype=torch.long, device="cpu")
         if n_v:
             per_class = self.virtual_per_class or int(counts.max())
             count = max(1, min(self.num_virtual, n_v // per_class))  # classes of >= per_class rows (positives)
-            chosen = torch.randperm(self.num_virtual, generator=self.noise)[:count]
-            rows.append(self.num_classes + chosen[torch.arange(n_v) * count // n_v])  # sizes differ by <= 1
+            chosen = torch.randperm(self.num_virtual, generator=self.noise, device="cpu")[:count]
+            rows.append(self.num_classes + chosen[torch.arange(n_v, device="cpu") * count // n_v])  # sizes differ <= 1
         if not rows:
             return None
         device = self.prototypes.device
