@@ -80,11 +80,16 @@ def train_straight_and_resumed(root, steps: int = 4, stop: int = 2, **sections):
 
 
 def assert_resumed_exactly(straight, resumed, steps: int) -> None:
-    """Every tensor of the two checkpoints is bit-identical: the model, the optimiser (moments, step counts), the
-    objective's and the generator's parameters and optimisers, the generator's noise stream. torch's global stream
-    (``rng.torch``) is left out: the data loader draws its base seed from it when a run (re)starts."""
+    """The two checkpoints are the same: their whole JSON state (step, optimiser hyper-parameters, the model's spec,
+    the best validation score and its step, the generator's state) is equal, and every tensor is bit-identical: the
+    model, the optimiser (moments, step counts), the objective's and the generator's parameters and optimisers, the
+    generator's noise stream. torch's global stream (``rng.torch``) is left out: the data loader draws its base seed
+    from it when a run (re)starts."""
     (a, a_state), (b, b_state) = straight, resumed
     assert a_state["step"] == b_state["step"] == steps
+    differing = sorted(k for k in a_state.keys() | b_state.keys() if a_state.get(k) != b_state.get(k))
+    assert not differing, "checkpoint state differs after resuming: " + "; ".join(
+        f"{k}: {a_state.get(k)!r} (uninterrupted) != {b_state.get(k)!r} (resumed)" for k in differing)
     assert a.keys() == b.keys()
     assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.") for k in a)
     different = [k for k in a if k != "rng.torch" and not torch.equal(a[k], b[k])]

@@ -244,13 +244,20 @@ echo '[{{"filename": "'$file'"}}]'
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
 
-def test_npm_fetches_checks_and_a_failed_build_never_counts(replica, tmp_path, monkeypatch):
+def npm_on_path(replica, tmp_path, monkeypatch):
+    """A folder for a fake ``npm`` first on PATH, ``DEEPMETRIC_DATA`` in ``tmp_path`` and the replica's packages
+    pinned; returns (that folder, the replica's source)."""
     source, packages = replica
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(emoji_module, "PACKAGES", packages)
+    return bin_dir, source
+
+
+def test_npm_fetches_checks_and_a_failed_build_never_counts(replica, tmp_path, monkeypatch):
+    bin_dir, source = npm_on_path(replica, tmp_path, monkeypatch)
     fake_npm(bin_dir, source, corrupt="emoji-assets")
     with pytest.raises(DataError, match="emoji-assets-11.0.0.tgz is not emoji-assets@11.0.0"):
         load_dataset("emoji", check_counts=False)
@@ -267,3 +274,24 @@ def test_without_npm_the_error_says_how_to_install_it_or_where_to_put_the_tarbal
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DataError, match=r"needs npm.*apt-get install npm.*emoji-assets-11\.0\.0\.tgz.*emoji:FOLDER"):
         load_emoji(root=tmp_path / "emoji", progress=False)
+
+
+def test_fetching_with_npm_writes_nothing_to_standard_output(replica, tmp_path, monkeypatch, capfd, caplog):
+    """Issue 39: ``load_dataset("emoji")`` printed its npm progress on standard output, so a program printing JSON
+    after it printed invalid JSON. The library's messages go to logging, npm's own output (a noisy stand-in here)
+    and the unpacking bars to standard error, or nowhere."""
+    import logging
+
+    bin_dir, source = npm_on_path(replica, tmp_path, monkeypatch)
+    fake_npm(bin_dir, source)
+    noisy = (bin_dir / "npm").read_text().replace('cp "', 'echo "npm notice 📦 $spec"; echo "npm WARN x" >&2; cp "', 1)
+    (bin_dir / "npm").write_text(noisy)
+    caplog.set_level(logging.INFO, logger="deepmetric")
+    table = load_emoji(check=False)  # progress bars on, as load_dataset has them
+    print(json.dumps({"images": len(table.images)}))  # what a program does next
+    out = capfd.readouterr().out
+    assert json.loads(out) == {"images": len(table.images)}, out
+    assert "emoji: fetching emoji-assets@11.0.0 with npm (5/5)" in caplog.text
+    assert "drawings of 5 vendors" in caplog.text
+    assert len(load_dataset("emoji", check_counts=False).images) == len(table.images)  # built: nothing fetched
+    assert capfd.readouterr().out == ""

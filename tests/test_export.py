@@ -67,8 +67,8 @@ def test_every_head_exports_to_onnx_and_matches_pytorch_at_other_batch_sizes(hea
         assert not list(tmp_path.iterdir()), "a refused export left files behind"
         return
     result = export_model(model, out, image_size=SIZE)
-    assert result.model == out and result.metadata == tmp_path / f"{head}.json"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{head}.json", f"{head}.onnx"]  # no temporary left
+    assert result.model == out and result.metadata == tmp_path / f"{head}.onnx.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{head}.onnx", f"{head}.onnx.json"]  # no temporary left
     assert _onnx_max_error(model, out) <= 1e-4
     record = json.loads(result.metadata.read_text())
     assert record["output"]["shape"] == ["batch", model.embedding_dim] and record["model"]["head"] == head
@@ -92,7 +92,7 @@ def test_an_operator_onnx_lacks_is_named_and_torchscript_takes_the_head(options,
     loaded = torch.jit.load(str(result.model))
     for batch in BATCHES:
         torch.testing.assert_close(loaded(_images(batch)), model.embed(_images(batch)), atol=1e-4, rtol=0)
-    assert json.loads((tmp_path / "m.json").read_text())["format"] == "torchscript"
+    assert json.loads((tmp_path / "m.pt.json").read_text())["format"] == "torchscript"
 
 
 def test_single_scale_deml_has_no_crop_and_exports(tmp_path):
@@ -155,7 +155,7 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
     assert main(["export", str(tiny_run), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"exported onnx to {out}" in printed and "differ from PyTorch's by at most" in printed
-    record = json.loads(out.with_suffix(".json").read_text())
+    record = json.loads(out.with_name("model.onnx.json").read_text())
     assert record["input"] == {"name": "images", "shape": ["batch", 3, 16, 16], "height": 16, "width": 16,
                                "dtype": "float32", "layout": "NCHW", "channels": "RGB", "range": [0.0, 1.0]}
     assert record["preprocessing"]["test_resize"] == "resize" and record["normalization"]["inside_model"]
@@ -174,7 +174,7 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
 
 def test_the_readme_onnxruntime_snippet_embeds_an_image_as_deepmetric_embed_does(tiny_run, tmp_path, monkeypatch,
                                                                                  capsys):
-    """README's ```python onnx block, run as written in a folder holding model.onnx, model.json and photo.jpg."""
+    """README's ```python onnx block, run as written in a folder holding model.onnx, model.onnx.json and photo.jpg."""
     blocks = re.findall(r"```python onnx\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) <= 5
     monkeypatch.chdir(tmp_path)
@@ -185,3 +185,54 @@ def test_the_readme_onnxruntime_snippet_embeds_an_image_as_deepmetric_embed_does
     exec(compile(blocks[0], "README.md onnxruntime snippet", "exec"), namespace)
     assert main(["embed", str(tiny_run), "--images", "photo.jpg", "--out", "photo.npy", "--quiet"]) == 0
     np.testing.assert_allclose(namespace["embedding"], np.load("photo.npy"), atol=1e-4, rtol=0)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_export_refuses_to_overwrite_the_runs_own_files(tiny_run, tmp_path, capsys):
+    """Issue 39: ``export RUN --out RUN/checkpoints/last.safetensors`` exited 0 and replaced the run's only checkpoint
+    with the ONNX file. Nothing the run owns (its checkpoints folder, config, logs, metrics, report, ...) may be an
+    export's model or metadata file, however the path is spelled; a file of one's own beside the run is fine."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (tmp_path / "link").symlink_to(run)
+    before = _files(run)
+    refused = [(run / "checkpoints" / "last.safetensors", "onnx"), (run / "checkpoints" / "last.safetensors",
+               "torchscript"), (run / "checkpoints" / "best", "onnx"), (run / "checkpoints" / "model.onnx", "onnx"),
+               (run / "config.yaml", "onnx"), (run / "metrics.jsonl", "torchscript"), (run / "report.html", "onnx"),
+               (run / "mirage-latent2d.png", "onnx"), (run / "environment.json.damaged", "onnx"),
+               (run / "nothing" / ".." / "checkpoints" / "last.safetensors", "onnx"),
+               (tmp_path / "link" / "checkpoints" / "last.safetensors", "onnx"), (tmp_path / "link" / "config.yaml",
+                                                                                  "torchscript")]
+    for out, format in refused:
+        assert main(["export", str(run), "--out", str(out), "--format", format]) == 2, out
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and "Traceback" not in err and "the run's own" in err, err
+        assert _files(run) == before, f"--out {out} changed the run"
+    assert main(["export", str(run), "--out", str(run / "deploy.onnx")]) == 0  # beside the run's files: fine
+    # metrics.pt's metadata is metrics.pt.json (with one shared stem it was metrics.json, the run's test metrics)
+    assert main(["export", str(run), "--out", str(run / "metrics"), "--format", "torchscript"]) == 0
+    after = _files(run)
+    assert {name: after[name] for name in before} == before
+    assert set(after) - set(before) == {"deploy.onnx", "deploy.onnx.json", "metrics.pt", "metrics.pt.json"}
+
+
+def test_each_exported_file_has_its_own_metadata(tmp_path):
+    """Issue 39: ``m.onnx`` then ``m.pt`` shared one ``m.json``, which then described the TorchScript file. Each file's
+    metadata is ``<file>.json``; a suffix of the other format is refused."""
+    model = _model("gap")
+    onnx = export_model(model, tmp_path / "m.onnx", image_size=SIZE)
+    script = export_model(model, tmp_path / "m.pt", format="torchscript", image_size=SIZE)
+    assert (onnx.metadata, script.metadata) == (tmp_path / "m.onnx.json", tmp_path / "m.pt.json")
+    for result, format in ((onnx, "onnx"), (script, "torchscript")):
+        record = json.loads(result.metadata.read_text())
+        assert record["format"] == format and record["file"] == result.model.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.json", "m.pt", "m.pt.json"]
+    for out, format in (("x.pt", "onnx"), ("x.onnx", "torchscript")):
+        with pytest.raises(ExportError, match=rf"--out .*{out}.*--format {format}"):
+            export_model(model, tmp_path / out, format=format, image_size=SIZE)
+    assert not list(tmp_path.glob("x*"))

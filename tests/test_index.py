@@ -200,6 +200,17 @@ def test_store_rejects_foreign_and_inconsistent_folders(tmp_path):
         store.read_manifest(folder)
 
 
+def test_an_index_lock_planted_as_a_link_is_refused(tmp_path):
+    """``index --add`` opened ``INDEX/.lock`` following links: a dangling link created the file it names."""
+    folder = vector_index(tmp_path, np.eye(4, dtype=np.float32), "flat")
+    (folder / ".lock").unlink(missing_ok=True)
+    elsewhere = tmp_path / "created-elsewhere"
+    (folder / ".lock").symlink_to(elsewhere)
+    with pytest.raises(IndexStoreError, match=r"\.lock is a symbolic link"), store.locked(folder):
+        pass
+    assert not elsewhere.exists()
+
+
 def test_hand_edited_indexes_and_checkpoints_are_one_error(tiny_run, tmp_path, capsys):
     """What is read back is validated as strictly as what a user types: every case is exit 2 with one line."""
     from safetensors.torch import load_file, save_file

@@ -140,3 +140,65 @@ def test_projection_falls_back_where_t_sne_cannot_run():
     same = np.ones((40, 6))
     assert projection_method(same) == "none" and not project_2d(same).any()
     assert projection_method(np.full((3, 6), np.nan)) == "none" and projection_method(np.zeros((0, 6))) == "none"
+
+
+EVIL = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+REPORT_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "table", "tr", "th", "td", "img",
+               "pre", "code"}
+
+
+def _tags_and_attributes(page: str) -> tuple[set[str], set[str]]:
+    from html.parser import HTMLParser
+
+    tags: set[str] = set()
+    attributes: set[str] = set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            tags.add(tag)
+            attributes.update(name for name, _ in attrs)
+
+    Collect().feed(page)
+    return tags, attributes
+
+
+def test_values_from_run_files_are_escaped_in_the_report(tmp_path):
+    """Issue 39: ``metrics-all-embeddings.json``'s ``step`` reached the page unescaped. Markup planted in every
+    field the report reads from the run's files (metrics, baseline, every-embedding record, sessions, the run's
+    folder name) must come out as text: the page holds only the report's own tags and attributes."""
+    import json
+
+    from deepmetric.errors import DeepMetricError
+    from deepmetric.report import build_report
+
+    out = tmp_path / f"run{EVIL.replace('/', '')}"
+    assert main(["train", *TINY, "--out", str(out), "--quiet", "eval.report=false"]) == 0
+    # the reported case: the step of the every-embedding record
+    (out / "metrics-all-embeddings.json").write_text(json.dumps({
+        "checkpoint": "last", "step": EVIL, "evaluated_at": "now", "embeddings": {"embedding": {"recall@1": 0.5}}}))
+    page = build_report(out, progress=False).read_text()
+    assert "<script" not in page.lower() and "Every embedding" in page
+    # and every other field read from the run's files
+    record = json.loads((out / "metrics.json").read_text())
+    metrics = {**record["metrics"], EVIL: EVIL, "nmi": EVIL}
+    environment = {"at": EVIL, "device": EVIL, "gpu": {"name": EVIL}, "source": EVIL * 3}
+    planted = {**record, "checkpoint": EVIL, "step": EVIL, "metrics": metrics, "environment": environment}
+    (out / "metrics.json").write_text(json.dumps(planted))
+    (out / "metrics-last.json").write_text(json.dumps({**planted, "step": [EVIL]}))
+    (out / "baseline.json").write_text(json.dumps({"metrics": metrics, "environment": environment}))
+    (out / "metrics-all-embeddings.json").write_text(json.dumps({
+        "checkpoint": EVIL, "step": EVIL, "evaluated_at": EVIL,
+        "embeddings": {EVIL: metrics, "embedding": {"recall@1": 0.5, EVIL: {"x": EVIL}}}}))
+    sessions = json.loads((out / "environment.json").read_text())
+    sessions["sessions"] = [{**s, **environment, EVIL: EVIL} for s in sessions["sessions"]]
+    (out / "environment.json").write_text(json.dumps(sessions))
+    page = build_report(out, progress=False).read_text()
+    tags, attributes = _tags_and_attributes(page)
+    assert tags <= REPORT_TAGS, tags - REPORT_TAGS
+    assert attributes <= {"charset", "alt", "src", "class"}, attributes
+    assert "<script" not in page.lower() and "onerror=" not in page.replace("onerror=alert(2)&gt;", "")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # shown as text
+    assert "Every embedding" in page and "Provenance" in page
+    (out / "metrics-all-embeddings.json").write_text(json.dumps([EVIL]))  # not the object deepmetric writes
+    with pytest.raises(DeepMetricError, match="metrics-all-embeddings.json is not the JSON deepmetric writes"):
+        build_report(out, progress=False)

@@ -6,11 +6,14 @@ from the checkpoint for this to hold."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from deepmetric.models.heads import HEADS
-from helpers import assert_resumed_exactly, train_straight_and_resumed
+from deepmetric.training.trainer import selection_key
+from helpers import assert_resumed_exactly, checkpoint, train_straight_and_resumed
 
 STEPS, STOP = 4, 2
 
@@ -36,3 +39,25 @@ def test_resuming_ends_where_an_uninterrupted_run_ends(tmp_path, case):
     end, stop = straight[0], interrupted[0]
     assert interrupted[1]["step"] == STOP
     assert any(not torch.equal(end[k], stop[k]) for k in end if k.startswith("model.head."))
+
+
+def test_a_resumed_run_keeps_its_best_validation_score(tmp_path):
+    """With a validation split, the resumed run's ``best`` (its step, score and tie-break key in ``last``'s state,
+    and the ``best`` checkpoint itself) is the uninterrupted run's. The validation after the resume is worse than
+    the one before it: a resumed run that forgot its best score would let that worse model overwrite ``best``."""
+    straight, resumed, interrupted = train_straight_and_resumed(tmp_path, STEPS, STOP, data={"val_fraction": 0.4},
+                                                                train={"eval_every": STOP})
+    assert_resumed_exactly(straight, resumed, STEPS)  # the whole state, "best" included
+    logs = {}
+    for run in ("straight", "resumed"):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        logs[run] = [record for record in map(json.loads, lines) if record.get("split") == "val"]
+    assert logs["straight"] == logs["resumed"] and [r["step"] for r in logs["straight"]] == [STOP, STEPS]
+    # the case this test is about: the later validation does not beat the earlier one (the run is deterministic)
+    assert selection_key(logs["straight"][1]) <= selection_key(logs["straight"][0])
+    assert interrupted[1]["best"]["step"] == straight[1]["best"]["step"] == STOP
+    assert straight[1]["best"]["score"] == logs["straight"][0]["recall@1"]
+    (a, a_state), (b, b_state) = (checkpoint(tmp_path / run / "checkpoints/best.safetensors")
+                                  for run in ("straight", "resumed"))
+    assert a_state == b_state and a_state["step"] == STOP
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

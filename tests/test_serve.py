@@ -39,7 +39,7 @@ def searcher(gallery_index):
 
 @pytest.fixture(scope="module")
 def client(searcher):
-    with TestClient(create_app(searcher, LIMITS)) as test_client:
+    with TestClient(create_app(searcher, LIMITS), base_url="http://127.0.0.1:8000") as test_client:  # a bound name
         yield test_client
 
 
@@ -219,7 +219,7 @@ def test_saturation_and_timeouts_answer_503_json(searcher, gallery_index):
 
     blocking = BlockingSearcher(searcher)
     app = create_app(blocking, ServiceLimits(workers=1, queue=0, timeout_s=0.05))
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url="http://127.0.0.1:8000") as test_client:
         assert_json_error(post_image(test_client, good), 503, "took longer than 0.05 s")
         blocking.release.set()
 
@@ -285,12 +285,12 @@ def test_slow_clients_are_cut_off_and_connections_are_bounded(searcher):
         address = (host, int(port))
         slow_head = [socket.create_connection(address) for _ in range(3)]
         for sock in slow_head:
-            sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\n")  # never finishes its headers
+            sock.sendall(b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finishes its headers
         started = time.monotonic()
         assert all(wait_closed(sock, 5.0) == b"" for sock in slow_head)
         assert time.monotonic() - started < 4.0
         drip = socket.create_connection(address)
-        drip.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        drip.sendall(b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=b\r\n"
                      b"Content-Length: 1000\r\n\r\n")
         try:
             for byte in b"--b\r\nCont":  # a valid start, one byte every 0.2 s: 1.8 s for 9 of the 1,000 bytes
@@ -302,8 +302,72 @@ def test_slow_clients_are_cut_off_and_connections_are_bounded(searcher):
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
         crowd = [socket.create_connection(address) for _ in range(6)]
         for sock in crowd:
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         statuses = sorted(wait_closed(sock, 5.0).split(b" ", 2)[1] for sock in crowd)
         assert b"503" in statuses and set(statuses) <= {b"200", b"503"}  # 6 open connections > 4: answered 503
         with httpx.Client(base_url=server.url) as http:
             assert http.get("/health").status_code == 200  # and the server still serves
+
+
+def test_requests_for_another_host_name_are_refused(searcher):
+    """DNS rebinding: a page of evil.example whose name is made to resolve to 127.0.0.1 could read search results
+    and thumbnails from the loopback service, which answered any ``Host:``. Only the bound names are served now
+    (here the default 127.0.0.1: the loopback names), whatever the port; others get 421 JSON, before any body is
+    read, over a real uvicorn as through the ASGI app."""
+    with TestClient(create_app(searcher, LIMITS), base_url="http://127.0.0.1:8000") as test_client:
+        for host in ("127.0.0.1:8000", "127.0.0.1", "localhost:8000", "LocalHost:9000", "localhost.", "[::1]:8000"):
+            assert test_client.get("/health", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost.evil.example:8000",
+                     "testserver", "[::2]:8000", "0.0.0.0:8000"):
+            response = test_client.get("/images/0", headers={"host": host})
+            assert_json_error(response, 421, "is not a name this service answers to")
+            assert host.lower() in response.json()["error"] and response.headers["x-frame-options"] == "DENY"
+            search = test_client.post("/search", headers={"host": host}, files={"image": ("q.png", b"\x89PNG")})
+            assert_json_error(search, 421, "is not a name this service answers to")
+        for host in ("localhost:80x", "[::1", "local host", "localhost:99999", "a@localhost"):
+            assert_json_error(test_client.get("/health", headers={"host": host}), 400, "Host")
+    import socket
+
+    with BackgroundServer(create_app(searcher, LIMITS)) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        for name, status in ((b"evil.example:" + port.encode(), b"421"), (b"localhost:" + port.encode(), b"200")):
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: " + name + b"\r\nConnection: close\r\n\r\n")
+                sock.settimeout(5.0)
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+            assert answer.split(b" ", 2)[1] == status, answer
+
+
+def test_the_names_answered_follow_the_bound_host_and_allowed_hosts(searcher, gallery_index, monkeypatch, capsys):
+    import deepmetric.retrieval.service as service
+    from deepmetric.retrieval.service import HostCheck
+
+    def statuses(check, hosts):
+        with TestClient(create_app(searcher, LIMITS, check)) as test_client:
+            return [test_client.get("/health", headers={"host": h}).status_code for h in hosts]
+
+    # bound to a name: that name only (not the loopback names: the service is not on loopback)
+    assert statuses(HostCheck.for_bind("search.internal"), ["search.internal:8000", "SEARCH.internal",
+                                                             "localhost:8000", "evil.example"]) == [200, 200, 421, 421]
+    # every interface: loopback names, this machine's names and IP addresses; other names still refused
+    assert statuses(HostCheck.for_bind("0.0.0.0"), ["192.168.1.5:8000", "[fe80::1]:8000", "localhost",
+                                                     "evil.example:8000"]) == [200, 200, 200, 421]
+    # --allowed-hosts adds names (a proxy's); '*' turns the check off
+    assert statuses(HostCheck.for_bind("127.0.0.1", ["search.example.org"]),
+                    ["search.example.org", "127.0.0.1:8000", "evil.example"]) == [200, 200, 421]
+    assert statuses(HostCheck.for_bind("127.0.0.1", ["*"]), ["evil.example", "testserver"]) == [200, 200]
+    # from the command line, several names in one or more options; a bad one is one line before anything loads
+    served = []
+    monkeypatch.setattr(service.uvicorn, "Server", lambda config: served.append(config.app) or
+                        type("NotRun", (), {"run": lambda self: None})())
+    assert main(["serve", str(gallery_index[0]), "--allowed-hosts", "a.example,b.example", "--allowed-hosts",
+                 "c.example"]) == 0
+    with TestClient(served[0]) as test_client:
+        assert [test_client.get("/health", headers={"host": h}).status_code
+                for h in ("a.example", "b.example:80", "c.example", "localhost", "d.example")] == [200] * 4 + [421]
+    capsys.readouterr()
+    assert main(["serve", "no-such.index", "--allowed-hosts", "evil host"]) == 2
+    err = capsys.readouterr().err
+    assert "--allowed-hosts: 'evil host' is not a host name or address" in err and "no-such" not in err

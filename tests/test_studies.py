@@ -239,6 +239,33 @@ def test_a_variant_name_cannot_leave_the_study_folder(tmp_path, name):
         load_study(write_study(tmp_path, variants={name: {}}))
 
 
+@pytest.mark.parametrize("name", ["../../../../escaped", "/abs/path", "a/b", "..", ".", "..hidden", "back\\slash",
+                                  "bell\x07", "tab\there", "", None])
+def test_a_study_name_cannot_leave_the_studies_folder(tmp_path, monkeypatch, capsys, name):
+    """Issue 39: ``name: ../../../../escaped`` without ``out:`` put the study's runs and results above the working
+    directory (``runs/studies/<name>``). The study's name is checked as a variant's name is, ``out:`` or not."""
+    from deepmetric.cli import main
+
+    work = tmp_path / "a" / "b" / "c" / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    study = write_study(tmp_path, name=name)
+    data = yaml.safe_load(study.read_text())
+    del data["out"]
+    study.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="study name .* cannot name a folder"):
+        load_study(study)
+    assert main(["study", str(study), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error:") and "cannot name a folder" in captured.err
+    assert "Traceback" not in captured.err and captured.err.count("\n") == 1
+    data["out"] = str(tmp_path / "out")  # with an explicit out: the name is still a title and a folder's name
+    study.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="cannot name a folder"):
+        load_study(study)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "base.yaml", "study.yaml"]
+
+
 def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys):
     from deepmetric.cli import main
 

@@ -417,3 +417,37 @@ def test_embed_checks_that_it_can_write_before_it_embeds(tmp_path, monkeypatch):
     monkeypatch.setattr(workflows, "embed_table", lambda *a, **k: pytest.fail("embedded before checking the output"))
     with pytest.raises(WriteError, match="cannot write .*out/e.npy: Permission denied"):
         workflows.embed_images(run.path, images, tmp_path / "out" / "e.npy", progress=False)
+
+
+def test_run_files_planted_as_links_are_refused_and_what_they_point_to_is_untouched(tmp_path):
+    """A ``RUN/.lock`` planted as a symbolic link to another file: that file was truncated and overwritten with the
+    PID; a planted ``metrics.jsonl`` had the log appended to the file it points to. The files a run writes in place
+    (not by an atomic rename) are opened without following links, and a link or a FIFO is refused, naming the
+    path."""
+    import re
+
+    from deepmetric.errors import DeepMetricError
+
+    victim, elsewhere = tmp_path / "victim.txt", tmp_path / "not-there.txt"
+    victim.write_text("precious\n")
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    one_step = tiny_config(train={"steps": 1})
+    for target in (victim, elsewhere):
+        run.lock_path.symlink_to(target)
+        assert run.holder() is None  # a look does not follow it either
+        with pytest.raises(DeepMetricError, match=rf"{re.escape(str(run.lock_path))} is a symbolic link"):
+            train(one_step, run.path, progress=False)
+        run.lock_path.unlink()
+    assert victim.read_text() == "precious\n" and not elsewhere.exists()
+    os.mkfifo(run.lock_path)
+    with pytest.raises(DeepMetricError, match=rf"{re.escape(str(run.lock_path))} is not a regular file"):
+        train(one_step, run.path, progress=False)
+    run.lock_path.unlink()
+    run.metrics_log.symlink_to(victim)  # in a folder that holds no run yet: the first log line is appended to it
+    with pytest.raises(DeepMetricError, match=rf"{re.escape(str(run.metrics_log))} is a symbolic link"):
+        train(one_step, run.path, progress=False)
+    assert victim.read_text() == "precious\n" and not run.config_path.exists()  # refused before any write
+    with pytest.raises(DeepMetricError, match="metrics.jsonl is a symbolic link"):  # a link planted during a run
+        run.append_log({"step": 1, "loss": 0.5})
+    assert victim.read_text() == "precious\n"

@@ -3,9 +3,10 @@ cannot express a head), with a JSON beside it saying what to feed it.
 
 The exported graph is the ``Embedder`` in eval mode from the checkpoint ``deepmetric evaluate`` would use: RGB
 images in [0, 1] (B, 3, H, W) -> (B, D) embeddings, with the backbone's normalisation (mean/std, channel order)
-inside the graph and a free batch dimension; H x W is the run's ``data.image_size``. The JSON (``model.json``
-beside ``model.onnx``) gives that input size, the test-time resize policy (``data.test_resize``) a caller has to
-apply before, the normalisation the graph applies, the output and where the weights came from.
+inside the graph and a free batch dimension; H x W is the run's ``data.image_size``. The JSON (``model.onnx.json``
+beside ``model.onnx``, ``model.pt.json`` beside ``model.pt``: each file its own) gives that input size, the
+test-time resize policy (``data.test_resize``) a caller has to apply before, the normalisation the graph applies,
+the output and where the weights came from.
 
 Exporters. ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``, opset
 17): it needs the ``onnx`` package only, exports every head below but DeML in about a second on the test trunk and
@@ -17,7 +18,9 @@ and drifted to 6e-5 on second-order pooling. Operators ONNX has no counterpart f
 
 Nothing unverified is written: the exported file is first written to a temporary name, run (onnxruntime, or
 ``torch.jit.load``) on batches of sizes other than the one it was traced with and compared with PyTorch's
-embeddings (``TOLERANCE``); only then are it and its JSON renamed into place. That check is what catches a
+embeddings (``TOLERANCE``); only then are it and its JSON renamed into place. ``export_run`` never writes over the
+run's own files (``RunDir.owns``: its checkpoints folder, config, logs, metrics, report): an ``--out`` there is
+refused before the checkpoint is read. That check is what catches a
 forward pass a trace silently freezes (a Python ``len(x)``, a box computed in NumPy). A head whose forward leaves
 torch says so through ``Head.export_blocker`` and is refused before anything is traced.
 """
@@ -44,7 +47,7 @@ from .io import atomic_path, check_writable, to_json
 from .models import Embedder
 from .provenance import software
 from .training.checkpoint import checkpoint_state
-from .training.run_dir import load_run_model
+from .training.run_dir import RunDir, load_run_model
 
 EXPORT_FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 """``--format`` choices and the suffix each file gets."""
@@ -101,6 +104,13 @@ class EmbeddingGraph(nn.Module):
         return self.model(images).embedding
 
 
+def metadata_path(model_file: str | Path) -> Path:
+    """The JSON that describes ``model_file``: its whole name plus ``.json`` (``m.onnx`` -> ``m.onnx.json``), so an
+    ONNX and a TorchScript export of the same stem each keep their own."""
+    path = Path(model_file)
+    return path.with_name(path.name + ".json")
+
+
 def output_paths(out: str | Path, format: str) -> tuple[Path, Path]:
     """The model file (``out``, given the format's suffix when it has none) and its JSON beside it."""
     if format not in EXPORT_FORMATS:
@@ -111,7 +121,21 @@ def output_paths(out: str | Path, format: str) -> tuple[Path, Path]:
     if path.suffix == ".json":
         raise ExportError(f"--out {path} would be the model file; its metadata goes to a .json beside it, so give "
                           f"e.g. {path.with_suffix(EXPORT_FORMATS[format])}")
-    return path, path.with_suffix(".json")
+    other = {suffix: name for name, suffix in EXPORT_FORMATS.items() if name != format}
+    if path.suffix in other:
+        raise ExportError(f"--out {path} names a {other[path.suffix]} file but --format {format} was asked for; give "
+                          f"{path.with_suffix(EXPORT_FORMATS[format])} or --format {other[path.suffix]}")
+    return path, metadata_path(path)
+
+
+def check_outside_run(run_dir: str | Path, out: str | Path, format: str) -> None:
+    """Refuse an ``--out`` whose model or metadata file would be one of the run's own files (``RunDir.owns``)."""
+    run = RunDir(run_dir)
+    for path in output_paths(out, format):
+        if run.owns(path):
+            raise ExportError(f"--out {path} is one of the run's own files (inside {run.path}: its checkpoints/, "
+                              "config, logs, metrics or report); exporting there would destroy or be overwritten by "
+                              f"the run: give a path elsewhere, e.g. {run.path / ('model' + EXPORT_FORMATS[format])}")
 
 
 def _describe(model: Embedder) -> str:
@@ -290,7 +314,7 @@ def export_model(model: Embedder, out: str | Path, format: str = "onnx", image_s
 def export_run(run_dir: str | Path, out: str | Path, format: str = "onnx", which: str = "auto") -> ExportResult:
     """Export a run's model from its checkpoint ``which`` (``auto``: best when the run has one, as ``evaluate``),
     at the run's ``data.image_size``, with its ``data.test_resize`` in the JSON."""
-    output_paths(out, format)  # a bad --out or format before the checkpoint is read
+    check_outside_run(run_dir, out, format)  # a bad --out or format before the checkpoint is read
     model, config, checkpoint = load_run_model(run_dir, which, "cpu")
     run = {"path": str(Path(run_dir)), "checkpoint": checkpoint.stem,
            "step": checkpoint_state(checkpoint).get("step")}

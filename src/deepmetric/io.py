@@ -14,15 +14,18 @@ Nothing here imports the rest of deepmetric: every floor may use it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import WriteError
+from .errors import DeepMetricError, WriteError
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +89,34 @@ def atomic_path(path: Path) -> Iterator[Path]:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def open_in_place(path: Path, flags: int, error: type[DeepMetricError] = WriteError) -> int:
+    """Open ``path`` for a file kept and written in place (a lock file, an appended log), not replaced by
+    ``atomic_path``; returns the descriptor. A symbolic link there is not followed (``O_NOFOLLOW``): planted in a
+    run or index folder, it made deepmetric truncate or append to the file it points to (or create the file a
+    dangling link names). A FIFO or a device there is refused as well. Each refusal is one ``error`` naming the
+    path. (Hard links are not refused: backups by ``rsync --link-dest`` or ``cp -al`` give every file of a run
+    several; a hard link to a file its planter cannot write is refused by the kernel's ``protected_hardlinks``.)"""
+    path = Path(path)
+    try:  # O_NONBLOCK: a FIFO planted there is refused below instead of blocking the open
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+    except OSError as failure:
+        if failure.errno in (errno.ELOOP, errno.EMLINK) or path.is_symlink():
+            raise error(f"{path} is a symbolic link; deepmetric does not follow links for the files it writes in "
+                        "place (it would write to the file the link points to): remove the link") from None
+        if failure.errno == errno.ENXIO:  # a FIFO without a reader, opened for writing
+            raise error(f"{path} is not a regular file; remove it") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path} is not a regular file; remove it")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def check_writable(path: Path) -> None:

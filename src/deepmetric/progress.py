@@ -8,8 +8,10 @@ thousands of them into one log line. There each update is written as its own lin
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from tqdm import tqdm
@@ -40,3 +42,39 @@ def progress_bar(iterable: Iterable[Any] | None = None, **options: Any) -> tqdm:
         return tqdm(iterable, file=stream, **options)
     options.update(mininterval=LOG_INTERVAL_S, bar_format=LOG_FORMAT, dynamic_ncols=False, ascii=True)
     return tqdm(iterable, file=_Lines(stream), **options)
+
+
+class _LogLines:
+    """A text stream whose lines become ``logger`` records: what a third-party library prints on its own."""
+
+    def __init__(self, logger: logging.Logger, level: int):
+        self.logger, self.level, self.pending = logger, level, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).replace("\r", "\n").split("\n")
+        for line in lines:
+            if line.strip():
+                self.logger.log(self.level, "%s", line.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending.strip():
+            self.logger.log(self.level, "%s", self.pending.rstrip())
+        self.pending = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def stdout_to_log(logger: str = "deepmetric", level: int = logging.INFO) -> Iterator[None]:
+    """Send what Python code prints on standard output inside the block (torchvision's download messages, ...) to
+    ``logger``: the library never writes on standard output, which belongs to the program that uses it (a
+    ``--json`` answer, a pipe)."""
+    stream = _LogLines(logging.getLogger(logger), level)
+    try:
+        with contextlib.redirect_stdout(stream):  # type: ignore[type-var]
+            yield
+    finally:
+        stream.flush()
+

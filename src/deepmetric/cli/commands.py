@@ -178,7 +178,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               "pip install 'deepmetric[serve]'") from None
     limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
                            workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
-    serve(args.index_dir, args.host, args.port, limits)
+    allowed = [name for names in args.allowed_hosts for name in names.split(",") if name.strip()]
+    serve(args.index_dir, args.host, args.port, limits, allowed)
     return 0
 
 

@@ -111,12 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a run's embedder to ONNX (or TorchScript) for deployment",
                        description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
                        "graph with a free batch dimension: RGB images in [0, 1] of the run's data.image_size -> "
-                       "embeddings, the normalisation inside. OUT.json beside it gives the input size, the resize "
-                       "policy and the normalisation. The file is checked against PyTorch (onnxruntime, 1e-4) before "
-                       "it is written; a head ONNX cannot express is refused with the reason (try --format "
-                       "torchscript). Needs pip install 'deepmetric[onnx]'.")
+                       "embeddings, the normalisation inside. OUT.json beside it (model.onnx.json) gives the input "
+                       "size, the resize policy and the normalisation. The file is checked against PyTorch "
+                       "(onnxruntime, 1e-4) before it is written; a head ONNX cannot express is refused with the "
+                       "reason (try --format torchscript). An OUT inside RUN/checkpoints or over another file of the "
+                       "run is refused. Needs pip install 'deepmetric[onnx]'.")
     p.add_argument("run_dir")
-    p.add_argument("--out", required=True, help="the model file, e.g. model.onnx (its JSON goes to model.json)")
+    p.add_argument("--out", required=True, help="the model file, e.g. model.onnx (its JSON goes to "
+                   "model.onnx.json); never one of the run's own files")
     p.add_argument("--format", default="onnx", choices=["onnx", "torchscript"],
                    help="onnx (default; onnxruntime and every ONNX runtime) or torchscript (torch.jit.load)")
     p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
@@ -148,9 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve an index over HTTP: search page, POST /search, GET /images/{id}",
                        description="Serve INDEX_DIR with FastAPI + uvicorn: GET / (search page), GET /health, "
                        "POST /search (multipart field 'image', optional k), GET /images/{id} (thumbnails). "
-                       "Errors are JSON {\"error\": ...}; bad input gets a 4xx.")
+                       "Errors are JSON {\"error\": ...}; bad input gets a 4xx. Only requests for the bound name "
+                       "(Host: header) are answered, others 421: a site whose name resolves to this machine (DNS "
+                       "rebinding) cannot read the service from a browser.")
     p.add_argument("index_dir")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
+                   help="more Host: names to answer, comma-separated (e.g. search.example.org behind a proxy; '*' "
+                   "for any). Always answered: the --host value; localhost, 127.0.0.1 and [::1] when it is a "
+                   "loopback address; also this machine's names and any IP address when it is 0.0.0.0 or ::")
     p.add_argument("--port", type=_number(int, 0, 65535), default=8000)
     p.add_argument("--max-body-mb", type=POSITIVE, default=10.0, help="largest request body in MiB (default 10)")
     p.add_argument("--max-megapixels", type=POSITIVE, default=40.0,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -57,6 +58,7 @@ EXCLUDED_CATEGORIES = ("Component",)
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
 IMAGE_NAME = re.compile(r"^[0-9a-f]+(-[0-9a-f]+)*\.png$")
+log = logging.getLogger("deepmetric")
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,9 @@ def npm_pack(package: Package, folder: Path) -> Path:
         raise DataError(f"emoji: fetching {package.spec} needs npm, which is not installed (Debian: apt-get install "
                         "npm; or https://nodejs.org). Without npm, put the five tarballs ("
                         f"{', '.join(p.tarball for p in PACKAGES.values())}) in a folder and use --data emoji:FOLDER")
+    # npm's output (its JSON answer, notices, progress) is captured, never left on this process's standard output
     result = subprocess.run([npm, "pack", package.spec, "--json", "--pack-destination", str(folder)],
-                            capture_output=True, text=True)
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise DataError(f"emoji: npm pack {package.spec} failed (exit {result.returncode}): {reason}")
@@ -313,7 +316,7 @@ def build_emoji(root: Path | None = None, source: str | Path | None = None, prog
                 if source is not None:
                     found = find_source(Path(source), package)
                 else:
-                    print(f"emoji: fetching {package.spec} with npm ({i}/{len(packages)})", flush=True)
+                    log.info("emoji: fetching %s with npm (%d/%d)", package.spec, i, len(packages))
                     found = npm_pack(package, Path(download))
                 counts[package.vendor] = _unpack(found, package, tmp, progress)
                 if found.is_file() and source is None:
@@ -330,7 +333,7 @@ def build_emoji(root: Path | None = None, source: str | Path | None = None, prog
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    print(f"emoji: {sum(counts.values()):,} drawings of {len(packages)} vendors written to {root}")
+    log.info("emoji: %s drawings of %d vendors written to %s", f"{sum(counts.values()):,}", len(packages), root)
     return root
 
 

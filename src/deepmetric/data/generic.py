@@ -178,11 +178,14 @@ def _fashion_mnist_files(root: Path | None) -> tuple[np.ndarray, np.ndarray]:
     from .glyphs import data_home
 
     target = data_home() / "fashion-mnist"
+    from ..progress import stdout_to_log
+
     try:
         from torchvision.datasets import FashionMNIST
 
-        FashionMNIST(str(target), train=True, download=True)
-        FashionMNIST(str(target), train=False, download=True)
+        with stdout_to_log():  # torchvision prints "Downloading ..." on standard output
+            FashionMNIST(str(target), train=True, download=True)
+            FashionMNIST(str(target), train=False, download=True)
     except Exception as error:  # noqa: BLE001 - any download failure means the same thing to the user
         raise DataError("fashion-mnist: not found in /usr/share/datasets/fashion-mnist (Debian package "
                         f"dataset-fashion-mnist) and the download failed: {error}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -28,6 +29,8 @@ import numpy as np
 from ..errors import DataError
 from ..io import temporary_folder
 from .table import RetrievalTable
+
+log = logging.getLogger("deepmetric")
 
 LATIN = [chr(c) for c in range(0x41, 0x5B)] + [chr(c) for c in range(0x61, 0x7B)]
 DIGITS = [chr(c) for c in range(0x30, 0x3A)]
@@ -120,9 +123,9 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
         fonts, source = find_fonts(GLYPH_CHARS), "system"
         if not fonts:
             fonts, source = matplotlib_fonts(GLYPH_CHARS), "matplotlib"
-            print("glyphs: no installed font covers all 175 characters (install the Debian font packages "
-                  "listed in the Makefile for ~150 fonts); falling back to the "
-                  f"{len(fonts)} fonts matplotlib ships")
+            log.warning("glyphs: no installed font covers all 175 characters (install the Debian font packages "
+                        "listed in the Makefile for ~150 fonts); falling back to the %d fonts matplotlib ships",
+                        len(fonts))
     if not fonts:
         raise DataError("glyphs: no font covering all 175 characters was found, not even matplotlib's")
 
@@ -160,7 +163,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    print(f"glyphs: {len(GLYPH_CHARS)} characters x {n_fonts} fonts ({source} fonts) written to {root}")
+    log.info("glyphs: %d characters x %d fonts (%s fonts) written to %s", len(GLYPH_CHARS), n_fonts, source, root)
     return root
 
 

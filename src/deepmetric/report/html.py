@@ -42,16 +42,45 @@ img { max-width: 100%; } pre { background: #f6f6f6; padding: 1em; overflow: auto
 """
 
 
+def _text(value: Any) -> str:
+    """``value`` as HTML text: every value that reaches the page goes through here, whatever file it came from (the
+    run's JSON files, its config, its folder name are all editable by whoever hands the run over)."""
+    return html.escape(str(value), quote=True)
+
+
+def _number(value: Any) -> str:
+    """A metric cell: the value in % when it is a number, else the value itself, as text (a hand-edited file)."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return percent(value)
+    return _text(value)
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """A JSON object the run wrote (metrics, baseline, every-embedding record); one error naming it otherwise."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise DeepMetricError(f"{path} is not the JSON deepmetric writes ({error})") from None
+    if not isinstance(record, dict):
+        raise DeepMetricError(f"{path} is not the JSON deepmetric writes (a {type(record).__name__}, not an object)")
+    return record
+
+
+def _mapping(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    return f'<img alt="{_text(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _metrics_table(rows: dict[str, dict[str, float]]) -> str:
+def _metrics_table(rows: dict[str, Any]) -> str:
+    rows = {name: _mapping(metrics) for name, metrics in rows.items()}
     keys = list(dict.fromkeys(k for metrics in rows.values() for k in metrics))
-    head = "".join(f"<th>{html.escape(metric_label(k))}</th>" for k in keys)
+    head = "".join(f"<th>{_text(metric_label(str(k)))}</th>" for k in keys)
     body = "".join(
-        f"<tr><td>{html.escape(name)}</td>"
-        + "".join(f'<td class="num">{percent(m[k])}</td>' if k in m else "<td></td>" for k in keys) + "</tr>"
+        f"<tr><td>{_text(name)}</td>"
+        + "".join(f'<td class="num">{_number(m[k])}</td>' if k in m else "<td></td>" for k in keys) + "</tr>"
         for name, m in rows.items())
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 
@@ -67,16 +96,17 @@ def _provenance_section(records: dict[str, dict[str, Any]]) -> str:
     column each; commits shortened to 12 digits."""
     if not records:
         return ""
+    records = {name: _mapping(record) for name, record in records.items()}
     fields = [(key, label) for key, label in PROVENANCE_FIELDS if any(key in r for r in records.values())]
 
     def cell(record: dict[str, Any], key: str) -> str:
         value = str(record.get(key, ""))
         if key == "source" and len(value) >= 40:
             value = value[:12] + value[40:]
-        return f"<td>{html.escape(value)}</td>"
+        return f"<td>{_text(value)}</td>"
 
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in records)
-    body = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(cell(r, key) for r in records.values()) + "</tr>"
+    head = "".join(f"<th>{_text(name)}</th>" for name in records)
+    body = "".join(f"<tr><td>{_text(label)}</td>" + "".join(cell(r, key) for r in records.values()) + "</tr>"
                    for key, label in fields)
     return f"<h2>Provenance</h2><table><tr><th></th>{head}</tr>{body}</table>"
 
@@ -87,11 +117,11 @@ def _figure(heading: str, draw: Callable[[], str]) -> str:
     try:
         return heading + draw()
     except figures.FigureSkipped as reason:
-        return f"{heading}<p class='note'>No figure: {html.escape(str(reason))}.</p>"
+        return f"{heading}<p class='note'>No figure: {_text(reason)}.</p>"
     except Exception as error:  # noqa: BLE001 - a figure must never take the report down
         logger.warning("report: the figure '%s' failed (%s: %s)", heading, type(error).__name__, error)
-        return (f"{heading}<p class='note'>This figure failed ({html.escape(type(error).__name__)}: "
-                f"{html.escape(str(error))}); the rest of the report is complete.</p>")
+        return (f"{heading}<p class='note'>This figure failed ({_text(type(error).__name__)}: "
+                f"{_text(error)}); the rest of the report is complete.</p>")
 
 
 def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test_resize: str,
@@ -130,35 +160,36 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     embeddings = test_embeddings if test_embeddings is not None else embed_table(
         model, test, EmbedSettings.from_config(config, device, progress), desc="embedding test")
     log = run.read_log()
-    results: dict[str, dict[str, float]] = {}
-    provenance = {f"training session {i}": session for i, session in enumerate(run.sessions(), 1)}
+    results: dict[str, Any] = {}
+    provenance: dict[str, Any] = {f"training session {i}": session for i, session in enumerate(run.sessions(), 1)}
     if run.baseline.is_file():
-        baseline = json.loads(run.baseline.read_text())
-        results["untrained backbone"] = baseline["metrics"]
-        provenance["untrained backbone's test"] = baseline.get("environment", {})
+        baseline = _read_record(run.baseline)
+        results["untrained backbone"] = _mapping(baseline.get("metrics"))
+        provenance["untrained backbone's test"] = baseline.get("environment")
     for file, label in ((run.test_metrics, "test evaluation"), (run.last_test_metrics, "test evaluation (last)")):
         if file.is_file():  # the chosen checkpoint's, then last's when evaluated
-            record = json.loads(file.read_text())
-            results[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
-            provenance[label] = record.get("environment", {})
+            record = _read_record(file)
+            name = f"trained ({record.get('checkpoint')}, step {record.get('step')})"
+            results[name] = _mapping(record.get("metrics"))
+            provenance[label] = record.get("environment")
     m = config.model
     sections = [
-        f"<h1>deepmetric run {html.escape(run.path.name)}</h1>",
-        f"<p>{html.escape(config.data.spec)} · backbone {html.escape(m.backbone)} · head {html.escape(m.head)} · "
-        f"loss {html.escape(config.loss.name)} · {config.train.steps} steps · checkpoint "
-        f"{html.escape(checkpoint.name)} · {test.count('test'):,} test images of {len(test.classes()):,} "
-        f"unseen classes</p><p class='note'>Written {time.strftime('%Y-%m-%d %H:%M')} from {html.escape(str(run.path))}"
+        f"<h1>deepmetric run {_text(run.path.name)}</h1>",
+        f"<p>{_text(config.data.spec)} · backbone {_text(m.backbone)} · head {_text(m.head)} · "
+        f"loss {_text(config.loss.name)} · {_text(config.train.steps)} steps · checkpoint "
+        f"{_text(checkpoint.name)} · {test.count('test'):,} test images of {len(test.classes()):,} "
+        f"unseen classes</p><p class='note'>Written {time.strftime('%Y-%m-%d %H:%M')} from {_text(run.path)}"
         "</p>",
         "<h2>Test metrics (%)</h2>" + (_metrics_table(results) if results else "<p>not evaluated yet</p>"),
     ]
     if results:
         sections.append(_figure("", lambda: _img(figures.recall_curve(results), "Recall@K curve")))
     if run.all_embeddings_metrics.is_file():
-        every = json.loads(run.all_embeddings_metrics.read_text())
+        every = _read_record(run.all_embeddings_metrics)
         sections.append(f"<h2>Every embedding (%)</h2><p class='note'>From <code>deepmetric evaluate RUN "
-                        f"--all-embeddings</code>: checkpoint {html.escape(str(every['checkpoint']))}, step "
-                        f"{every['step']}, evaluated {html.escape(str(every['evaluated_at']))}.</p>"
-                        + _metrics_table(every["embeddings"]))
+                        f"--all-embeddings</code>: checkpoint {_text(every.get('checkpoint'))}, step "
+                        f"{_text(every.get('step'))}, evaluated {_text(every.get('evaluated_at'))}.</p>"
+                        + _metrics_table(_mapping(every.get("embeddings"))))
     if log:
         sections.append(_figure("<h2>Training</h2>", lambda: _img(figures.training_curves(log), "training curves")))
     sections.append(_figure("<h2>Retrieval</h2><p class='note'>Random test queries (black) and their 8 nearest test "
@@ -169,9 +200,9 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     sections.append(_figure("<h2>Embedding map</h2>", lambda: _img(
         figures.embedding_map(embeddings, test.labels, class_names=test.class_names), "map of test embeddings")))
     sections.append(_provenance_section(provenance))
-    sections.append("<h2>Resolved config</h2><pre>" + html.escape(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    sections.append("<h2>Resolved config</h2><pre>" + _text(yaml.safe_dump(config.to_dict(), sort_keys=False))
                     + "</pre>")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>deepmetric report {html.escape(run.path.name)}"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>deepmetric report {_text(run.path.name)}"
             f"</title><style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
     path = run.path / "report.html"
     atomic_write_text(path, page)

@@ -12,16 +12,25 @@ takes longer than ``timeout_s`` is answered 503 (its worker finishes in the back
 against the limit). A connection must send its request head within ``header_timeout_s`` and its body within
 ``body_timeout_s`` (408), and at most ``max_connections`` are served at once (``connections``). Every error is
 JSON ``{"error": "..."}``; bad input always gets a 4xx.
+
+Only requests for the names the service is bound to are answered (``HostCheck``): a page of another site whose
+name is made to resolve to 127.0.0.1 (DNS rebinding) could otherwise read results and thumbnails from the loopback
+service. A ``Host:`` of another name is answered 421, a malformed one 400, before the body is read; the port is
+not checked (an SSH tunnel or a container's port mapping changes it; the name is what a rebinding page cannot
+choose), as in Django's ``ALLOWED_HOSTS`` and Starlette's ``TrustedHostMiddleware``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
+import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -162,6 +171,142 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
+HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]{0,251}[a-z0-9_])?")
+"""A DNS name (letters, digits, '-', '.', '_'), lowercase; IP literals are parsed by ``ipaddress``."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value) names this machine only: ``localhost`` or an address in 127.0.0.0/8 / ::1."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host_header(value: str) -> tuple[str, int | None] | None:
+    """``(name, port)`` of a ``Host:`` value (``name``, ``name:port``, ``[v6]``, ``[v6]:port``), the name
+    lowercase without a trailing dot and IPv6 without brackets; None when it is malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:] if rest else None
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+    else:
+        name, colon, port_text = value.partition(":")
+        port_text = port_text if colon else None
+        name = name[:-1] if name.endswith(".") else name
+        if not HOST_NAME.fullmatch(name):
+            return None
+    if port_text is not None and not re.fullmatch(r"[0-9]{0,5}", port_text):  # "name:" is valid (RFC 3986)
+        return None
+    port = int(port_text) if port_text else None
+    if port is not None and port > 65535:
+        return None
+    return name, port
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """The ``Host:`` names the service answers to (names only, any port; see the module docstring).
+
+    ``names``: lowercase names and addresses (IPv6 without brackets); ``any_address``: also every IP literal (a
+    service bound to all interfaces: a browser sends an address as ``Host`` only to a page of that address, so
+    an address cannot be a rebinding); ``anything``: no check (``--allowed-hosts '*'``)."""
+
+    names: frozenset[str] = LOOPBACK_NAMES
+    any_address: bool = False
+    anything: bool = False
+
+    @classmethod
+    def for_bind(cls, host: str, allowed: Iterable[str] = ()) -> HostCheck:
+        """The check for a service bound to ``host`` (``--host``) with the extra names ``allowed``
+        (``--allowed-hosts``; ``*`` accepts every name): the bound name; the loopback names (localhost,
+        127.0.0.1, [::1]) when it is a loopback address; when it is 0.0.0.0 or ``::`` (every interface), the
+        loopback names, this machine's host names and every IP address."""
+        allowed = [a.strip().lower() for a in allowed if a.strip()]
+        if "*" in allowed:
+            return cls(anything=True)
+        names = {host.strip("[]").lower().rstrip(".")}
+        any_address = host.strip("[]") in WILDCARD_BINDS
+        if any_address:
+            names -= {host.strip("[]").lower()}
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        if any_address or is_loopback(host):
+            names |= LOOPBACK_NAMES
+        for entry in allowed:
+            parsed = split_host_header(entry)
+            if parsed is None:
+                raise DeepMetricError(f"--allowed-hosts: {entry!r} is not a host name or address")
+            names.add(parsed[0])
+        return cls(frozenset(names), any_address)
+
+    def refusal(self, header: bytes | None) -> tuple[int, str] | None:
+        """None when a request with this ``Host:`` value is served, else (status, message)."""
+        if self.anything:
+            return None
+        if header is None:
+            return 400, "the request has no Host header"
+        text = header.decode("latin-1")
+        parsed = split_host_header(text)
+        shown = text[:100].encode("unicode_escape").decode("ascii")
+        if parsed is None:
+            return 400, f"the Host header '{shown}' is malformed"
+        name = parsed[0]
+        if name in self.names:
+            return None
+        if self.any_address:
+            try:
+                ipaddress.ip_address(name)
+                return None
+            except ValueError:
+                pass
+        return 421, (f"'{shown.lower()}' is not a name this service answers to (it answers to "
+                     f"{', '.join(sorted(self.names)) + (' and IP addresses' if self.any_address else '')}; "
+                     "deepmetric serve --allowed-hosts adds names)")
+
+    def describe(self) -> str:
+        if self.anything:
+            return "any Host name"
+        return ", ".join(sorted(self.names)) + (" and any IP address" if self.any_address else "")
+
+
+class TrustedHosts:
+    """ASGI middleware: answer only requests whose ``Host:`` is a name of ``HostCheck`` (421 JSON for another
+    name, 400 for a missing or malformed one), before the application or the body is read."""
+
+    def __init__(self, app: Any, check: HostCheck):
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hosts = [value for key, value in scope.get("headers", []) if key == b"host"]
+        refusal = self.check.refusal(hosts[0] if len(hosts) == 1 else None)
+        if len(hosts) > 1:
+            refusal = (400, "the request has more than one Host header")
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, message = refusal
+        body = error_body(message)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
 class Busy(Exception):
     """The gate is full (503)."""
 
@@ -234,9 +379,11 @@ def parse_k(value: Any, limits: ServiceLimits) -> int:
     return int(text)
 
 
-def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
-    """The FastAPI application serving ``searcher`` (a ``Searcher``: an index and its model)."""
+def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCheck | None = None) -> Any:
+    """The FastAPI application serving ``searcher`` (a ``Searcher``: an index and its model) to requests for the
+    ``Host:`` names of ``hosts`` (default: the loopback names, for a service bound to 127.0.0.1)."""
     limits = limits or ServiceLimits()
+    hosts = hosts or HostCheck()
     gate = Gate(limits.workers, limits.queue, limits.timeout_s)
     thumbnails = ThumbnailCache(limits.thumbnail_cache)
     manifest = searcher.manifest
@@ -331,6 +478,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None) -> Any:
         return Response(data, media_type="image/jpeg", headers={"cache-control": "public, max-age=3600"})
 
     app.add_middleware(LimitBodySize, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(TrustedHosts, check=hosts)  # outside the body limit: another name's body is never read
     app.add_middleware(SecurityHeaders)
     return app
 
@@ -363,15 +511,19 @@ class BackgroundServer:
         self.thread.join()
 
 
-def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: ServiceLimits | None = None) -> None:
-    """Load the index and its model, then serve until interrupted."""
+def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: ServiceLimits | None = None,
+          allowed_hosts: Iterable[str] = ()) -> None:
+    """Load the index and its model, then serve until interrupted, answering requests for the bound name
+    (``HostCheck.for_bind``) and ``allowed_hosts``."""
     from .search import Searcher
 
+    hosts = HostCheck.for_bind(host, allowed_hosts)  # a bad name is refused before the index is loaded
     searcher = Searcher(index_dir)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(host):
         log.warning("serving on %s: every machine that can reach this port can query the index and read "
                     "thumbnails of every indexed image", host)
-    log.info("serving %d images of %s on http://%s:%d", searcher.count, index_dir, host, port)
+    log.info("serving %d images of %s on http://%s:%d (answering Host: %s)", searcher.count, index_dir, host, port,
+             hosts.describe())
     limits = limits or ServiceLimits()
-    uvicorn.Server(uvicorn_config(create_app(searcher, limits), host, port, limits.header_timeout_s,
+    uvicorn.Server(uvicorn_config(create_app(searcher, limits, hosts), host, port, limits.header_timeout_s,
                                   limits.max_connections)).run()

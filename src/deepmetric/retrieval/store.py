@@ -37,7 +37,7 @@ from safetensors.numpy import load_file as load_safetensors_file
 from safetensors.numpy import save as save_safetensors
 
 from ..errors import IndexStoreError
-from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, temporary_folder
+from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, open_in_place, temporary_folder
 from . import faiss_index
 
 FORMAT = "deepmetric-index-1"
@@ -234,8 +234,10 @@ def create_index(index_dir: str | Path, manifest: IndexManifest, embeddings: np.
 
 @contextmanager
 def locked(index_dir: str | Path) -> Iterator[None]:
-    """Hold ``INDEX_DIR/.lock`` exclusively (one writer at a time)."""
-    with open(Path(index_dir) / ".lock", "a") as handle:
+    """Hold ``INDEX_DIR/.lock`` exclusively (one writer at a time); it is opened without following a symbolic link
+    (``deepmetric.io.open_in_place``: a link there is refused, naming it)."""
+    fd = open_in_place(Path(index_dir) / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, IndexStoreError)
+    with os.fdopen(fd, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

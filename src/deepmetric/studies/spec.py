@@ -23,7 +23,8 @@ compare: [gap]                    # optional: results.md also gives each variant
 ```
 
 A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid. A variant's
-name (and so its run folder) may not hold ``/``, ``..`` or control characters. ``key=value`` overrides given on
+name (and so its run folder) and the study's name (its default ``out``) may not hold ``/``, ``..`` or control
+characters. ``key=value`` overrides given on
 the command line (``deepmetric study FILE data.spec=cub:/data/CUB_200_2011``) apply to every run, after the
 study's own settings (the seed or split of each repeat still comes last).
 """
@@ -128,13 +129,14 @@ def _label(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).strip("{}[]").replace('"', "")
 
 
-def _check_label(label: str, path: Path) -> str:
-    """A variant's name is a folder name under ``<out>/runs``: refuse one that would leave it or break a terminal."""
-    bad = ("/" in label or "\\" in label or label in (".", "..") or label.startswith("..")
-           or any(ord(c) < 32 or ord(c) == 127 for c in label))
+def _check_label(label: Any, path: Path, what: str = "variant name", folder: str = "a run folder") -> str:
+    """A variant's name is a folder name under ``<out>/runs``, the study's under ``runs/studies``: refuse one that
+    would leave it (``/``, ``\\``, ``..``, ``.``, empty) or break a terminal (control characters)."""
+    bad = (not isinstance(label, str) or not label or "/" in label or "\\" in label or label in (".", "..")
+           or label.startswith("..") or any(ord(c) < 32 or ord(c) == 127 for c in label))
     if bad:
-        raise ConfigError(f"study file {path}: variant name {label!r} cannot name a run folder (no '/', '\\', "
-                          "'..' or control characters)")
+        raise ConfigError(f"study file {path}: {what} {label!r} cannot name {folder} (a non-empty name without '/', "
+                          "'\\', '..' or control characters)")
     return label
 
 
@@ -160,7 +162,9 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     for key in data:
         if key not in KEYS:
             raise ConfigError(f"study file {path}: unknown key '{key}'{did_you_mean(key, KEYS)}")
-    name = str(data.get("name", path.stem))
+    name = data.get("name", path.stem)
+    name = _check_label(str(name) if isinstance(name, int | float) and not isinstance(name, bool) else name, path,
+                        "study name", "a folder")
     base = _base(data["base"], path) if "base" in data else {}
     named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in (data.get("variants") or {"": {}}).items()}
     grid = data.get("grid") or {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import yaml
 
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError, RunInUse
-from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, to_json, unprefixed
+from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, open_in_place, to_json, unprefixed
 from ..models import Embedder, create_model
 from .checkpoint import load_checkpoint
 
@@ -54,9 +55,39 @@ def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+OWN_FOLDERS = ("checkpoints", "tensorboard")
+"""Folders of a run that only the run writes (everything inside them is the run's)."""
+OWN_FILES = ("config.yaml", "metrics.jsonl", "metrics.json", "metrics-last.json", "metrics-all-embeddings.json",
+             "baseline.json", "bad_images.txt", "environment.json", "environment.json.damaged", "generator.json",
+             "report.html", ".lock")
+"""Files at the top of a run that the run writes (training, ``evaluate``, ``report``), there yet or not."""
+OWN_PATTERNS = ("mirage-*.png", "*.safetensors")
+"""Names of other files the run writes at its top (an example generator's pictures) or reads (checkpoints)."""
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+
+    def owns(self, path: str | Path) -> bool:
+        """Whether ``path`` is one of the run's own files: inside its ``checkpoints/`` (or another folder only the
+        run writes), or a name the run writes at its top (``OWN_FILES``, ``OWN_PATTERNS``), whether it is there yet
+        or not. Both paths are resolved first (``..``, symbolic links), so no spelling of a run file escapes; names
+        of the run's temporaries (which a start removes) count too. Commands that write a file a user names (``export``)
+        refuse such a path: writing it would destroy the run or be overwritten by it."""
+        root, target = self.path.resolve(), Path(path).resolve()
+        if target == root:
+            return True
+        if not target.is_relative_to(root):
+            return False
+        parts = target.relative_to(root).parts
+        if parts[0] in OWN_FOLDERS:
+            return True
+        if len(parts) > 1:
+            return False
+        name = parts[0]
+        temporary = name.startswith(TEMPORARY_PREFIX) and name.endswith(TEMPORARY_SUFFIX)
+        return temporary or name in OWN_FILES or any(fnmatch.fnmatch(name, pattern) for pattern in OWN_PATTERNS)
 
     @property
     def config_path(self) -> Path:
@@ -141,9 +172,9 @@ class RunDir:
     def holder(self) -> str | None:
         """The PID of the process that holds this folder now (``claimed``), or None when it is free. A look only:
         the lock is not kept, so the folder may be taken a moment later (``claimed`` still refuses then)."""
-        try:
-            handle = open(self.lock_path)  # noqa: SIM115 - closed below on every path
-        except OSError:
+        try:  # not through a symbolic link (``claimed`` refuses one, naming it)
+            handle = os.fdopen(open_in_place(self.lock_path, os.O_RDONLY))
+        except (OSError, DeepMetricError):
             return None
         with handle:
             try:
@@ -157,13 +188,15 @@ class RunDir:
     def claimed(self) -> Iterator[None]:
         """Hold the run folder for this process: an exclusive ``flock`` on ``RUN/.lock``, released when the
         process ends or dies. A second training into the same folder is refused naming the holder's PID (two
-        trainings into one ``--out`` both ran and interleaved their logs, configs and checkpoints)."""
+        trainings into one ``--out`` both ran and interleaved their logs, configs and checkpoints). The lock file is
+        opened without following a symbolic link (one planted there had the file it points to overwritten with the
+        PID): a link or a FIFO there is refused, naming it."""
         if self.path.exists() and not self.path.is_dir():
             raise DeepMetricError(f"{self.path} is a file, not a run folder; choose another --out")
         created = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            handle = open(self.lock_path, "a+")  # noqa: SIM115 - held for the whole run
+            handle = os.fdopen(open_in_place(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+")
         except OSError as error:
             raise DeepMetricError(f"cannot write to {self.path}: {error.strerror or error}") from None
         try:
@@ -179,6 +212,8 @@ class RunDir:
             handle.truncate()
             handle.write(f"{os.getpid()}\n")
             handle.flush()
+            if os.path.lexists(self.metrics_log):  # the log is appended in place: a link there is refused now,
+                os.close(open_in_place(self.metrics_log, os.O_WRONLY | os.O_APPEND))  # not after a first step
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
@@ -245,7 +280,10 @@ class RunDir:
         raise CheckpointError(f"{self.path} holds no checkpoint yet ({self.last} is missing)")
 
     def append_log(self, record: dict[str, Any]) -> None:
-        with self.metrics_log.open("a") as handle:
+        """Append one JSON line to ``metrics.jsonl``, written in place: a symbolic link there is refused, not
+        followed (``deepmetric.io.open_in_place``)."""
+        fd = open_in_place(self.metrics_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(to_json(record) + "\n")
 
     def truncate_log(self, step: int) -> None:

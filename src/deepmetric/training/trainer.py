@@ -169,8 +169,13 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
             _save_best(session, step, metrics)
     if bar is not None:
         best = session.best
-        bar.write(f"step {step}: validation Recall@1 {metrics['recall@1']:.4f}, MAP@R {metrics['map@r']:.4f} "
-                  f"(best {best['score']:.4f} at step {best['step']})")
+        line = (f"step {step}: validation Recall@1 {metrics['recall@1']:.4f}, MAP@R {metrics['map@r']:.4f} "
+                f"(best {best['score']:.4f} at step {best['step']})")
+        stream = getattr(bar, "fp", None)  # a bar tqdm disabled (TQDM_DISABLE) has none
+        if stream is None:
+            log.info("%s", line)
+        else:  # on the bar's own stream (standard error): tqdm.write's default is standard output
+            bar.write(line, file=stream)
 
 
 def _resume(session: Session) -> None:
