@@ -211,3 +211,28 @@ def test_evaluating_last_keeps_the_chosen_checkpoints_metrics(tmp_path, capsys):
     assert run(capsys, "report", str(out_dir), "--quiet")[0] == 0
     page = (out_dir / "report.html").read_text()
     assert "trained (best, step" in page and "trained (last, step 4)" in page
+
+
+def test_train_help_names_every_registered_plug_in():
+    """Issue 39 item 29: --help omitted emoji, emoji-skin, contrastive-euclidean and pml:<Class>. Its lists are
+    written out (--help imports no torch); this keeps them equal to the registries."""
+    from deepmetric.cli import parser as cli_parser
+    from deepmetric.data import DATASETS
+    from deepmetric.generators import GENERATORS
+    from deepmetric.losses import LOSSES, REGULARIZERS
+    from deepmetric.models.backbones import BACKBONES
+    from deepmetric.models.heads import HEADS
+
+    def names(listed):
+        return {n.split(" ")[0].replace(":PATH", "").replace("<Class>", "<name>") for n in listed}
+
+    assert names(cli_parser.DATA_HELP) == set(DATASETS.names())
+    assert names(cli_parser.BACKBONE_HELP) == set(BACKBONES.names())
+    assert names(cli_parser.HEAD_HELP) == set(HEADS.names())
+    assert names(cli_parser.LOSS_HELP) == set(LOSSES.names())
+    assert names(cli_parser.REGULARIZER_HELP) == set(REGULARIZERS.names())
+    assert names(cli_parser.GENERATOR_HELP) == set(GENERATORS.names())
+    text = cli_parser.build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    flat = " ".join(text.split()).replace("- ", "-")  # argparse wraps at hyphens
+    for listed in (cli_parser.DATA_HELP, cli_parser.HEAD_HELP, cli_parser.LOSS_HELP, cli_parser.REGULARIZER_HELP):
+        assert all(name.split(" ")[0] in flat for name in listed), text

@@ -188,3 +188,21 @@ def test_the_installed_wheel_runs_presets_version_and_a_preset_outside_the_check
     saved = yaml.safe_load((elsewhere / "run" / "config.yaml").read_text())
     assert saved["model"]["backbone"] == "lite0" and saved["train"]["lr"] == 1e-3 and saved["data"]["flip"] is False
     assert (elsewhere / "run" / "checkpoints" / "last.safetensors").is_file()
+
+
+def test_the_package_does_not_cap_torch_or_torchvision():
+    """Issue 39 item 31: the wheel required torch<=2.14.1 and torchvision<=0.29.1, which pins a user's whole
+    environment to this project's machines. Lower bounds only; the Makefile's pins install what these machines have."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).parents[1]
+    requirements = [Requirement(r) for r in tomllib.loads((root / "pyproject.toml").read_text())["project"]
+                    ["dependencies"]]
+    for name in ("torch", "torchvision"):
+        (requirement,) = [r for r in requirements if r.name == name]
+        assert requirement.specifier, name
+        assert all(spec.operator in (">=", ">") for spec in requirement.specifier), (name, str(requirement.specifier))
+    assert "torch==2.14.1 torchvision==0.29.1" in (root / "Makefile").read_text()

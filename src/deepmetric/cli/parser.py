@@ -39,6 +39,20 @@ def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> Non
     p.add_argument("--quiet", action="store_true")
 
 
+# The plug-ins' names as --help lists them, written out so that --help imports no torch; tests/test_cli.py checks that
+# they name every registered data set, backbone, head, loss, regulariser and generator.
+DATA_HELP = ("glyphs", "fashion-mnist", "digits", "emoji", "emoji-skin", "emoji:PATH", "folder:PATH", "csv:PATH",
+             "cub:PATH", "cars:PATH", "sop:PATH", "inshop:PATH", "cub-cropped:PATH", "cars-cropped:PATH")
+BACKBONE_HELP = ("lite0", "googlenet", "inception-v1", "bn-inception", "resnet50", "timm:<name>", "tiny (tests)")
+HEAD_HELP = ("gap", "diablo", "abe", "mheads", "dgml", "n-grouping", "m-grouping", "g-grouping", "c-grouping", "deml",
+             "bilinear", "jcf")
+LOSS_HELP = ("binomial", "contrastive", "contrastive-euclidean", "triplet", "multi-similarity", "margin",
+             "pml:<Class> (pytorch-metric-learning's, e.g. pml:ProxyAnchorLoss)")
+REGULARIZER_HELP = ("horde", "divergence", "diversity", "deml-adversary", "deml-hinge", "activation-decay",
+                    "learner-row-norm")
+GENERATOR_HELP = ("mirage",)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepmetric", description="Zero-shot image retrieval by deep metric "
                                      "learning: train, evaluate, embed, explain.")
@@ -48,19 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model; evaluates it on the test split at the end",
                        description="Train a model. Settings come from the defaults, then --config, then the "
                        "flags, then key=value overrides (e.g. train.lr=1e-4 data.image_size=64).")
-    p.add_argument("--data", help="data set spec: glyphs, fashion-mnist, digits, folder:PATH, csv:PATH, "
-                   "cub:PATH, cars:PATH, sop:PATH, inshop:PATH, cub-cropped:PATH, cars-cropped:PATH")
-    p.add_argument("--backbone", help="lite0 (default), googlenet, inception-v1, bn-inception, resnet50, "
-                   "timm:<name>")
-    p.add_argument("--head", help="gap (default), diablo, abe, mheads, dgml, n-/m-/g-/c-grouping, deml, "
-                   "bilinear, jcf")
-    p.add_argument("--loss", help="binomial (default), contrastive, triplet, multi-similarity, margin")
+    p.add_argument("--data", help="data set spec: " + ", ".join(DATA_HELP))
+    p.add_argument("--backbone", help="lite0 (default), " + ", ".join(BACKBONE_HELP[1:]))
+    p.add_argument("--head", help="gap (default), " + ", ".join(HEAD_HELP[1:]))
+    p.add_argument("--loss", help="binomial (default), " + ", ".join(n for n in LOSS_HELP if n != "binomial"))
     p.add_argument("--steps", type=COUNT, help="number of training steps")
     p.add_argument("--regularizer", action="append", metavar="NAME",
-                   help="add a regulariser with its default options (repeatable), e.g. horde; options and "
-                   "weight come from loss.regularizers.NAME.* overrides or the config")
-    p.add_argument("--generator", help="add synthetic examples to every batch: mirage (thesis ch. 6); options "
-                   "come from generator.options.* overrides or the config")
+                   help="add a regulariser with its default options (repeatable): " + ", ".join(REGULARIZER_HELP)
+                   + "; options and weight come from loss.regularizers.NAME.* overrides or the config")
+    p.add_argument("--generator", help="add synthetic examples to every batch: " + ", ".join(GENERATOR_HELP)
+                   + " (thesis ch. 6); options come from generator.options.* overrides or the config")
     p.add_argument("--out", help="run directory (default runs/<time>-<data>-<backbone>-<head>)")
     p.add_argument("--config", help="YAML file of settings, or the name of a preset that ships with deepmetric "
                    "(e.g. demo-glyphs, abe/cub-abe8: deepmetric presets lists them); a file that exists wins")
