@@ -52,8 +52,13 @@ def test_a_path_that_exists_wins_over_the_preset_of_that_name(tmp_path, monkeypa
     (tmp_path / "abe").mkdir()
     (tmp_path / "abe" / "cub-abe8.yaml").write_text("train: {steps: 8}\n")
     assert load_yaml("demo-glyphs") == {"train": {"steps": 7}}
-    assert load_yaml("abe/cub-abe8") == load_yaml(CONFIGS / "abe" / "cub-abe8.yaml")  # no such file: the preset
     assert load_yaml("abe/cub-abe8.yaml") == {"train": {"steps": 8}}
+    # issue 39 item 26: the name without .yaml reads the user's file too (it read the packaged preset)
+    assert load_yaml("abe/cub-abe8") == {"train": {"steps": 8}}
+    Path("demo-glyphs").unlink()
+    Path("demo-glyphs.yml").write_text("train: {steps: 9}\n")
+    assert load_yaml("demo-glyphs") == {"train": {"steps": 9}}
+    assert load_yaml("abe/cars-abe8") == load_yaml(CONFIGS / "abe" / "cars-abe8.yaml")  # no such file: the preset
 
 
 def test_extends_names_a_preset_when_no_file_of_that_name_is_beside(tmp_path):

@@ -94,11 +94,16 @@ def find_preset(text: str, kind: str = "config") -> Path | None:
 
 
 def resolve(text: str | Path, kind: str = "config", what: str | None = None) -> Path:
-    """A config or study file: ``text`` itself when that file exists, else the preset of that name; else a
+    """A config or study file: ``text`` itself when that file exists (or ``text.yaml`` / ``text.yml``: ``--config
+    demo-glyphs`` beside a ``demo-glyphs.yaml`` of the user's reads that file), else the preset of that name; else a
     ``ConfigError`` naming the nearest presets. ``what`` names the file in messages (default: config/study file)."""
     path = Path(text)
     if path.is_file():
         return path
+    if path.suffix not in SUFFIXES:  # a file of that name with .yaml / .yml wins over the preset too
+        local = next((f for f in (path.with_name(path.name + x) for x in SUFFIXES) if f.is_file()), None)
+        if local is not None:
+            return local
     found = find_preset(str(text), kind)
     if found is not None:
         return found
