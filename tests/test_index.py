@@ -268,3 +268,21 @@ def test_hand_edited_indexes_and_checkpoints_are_one_error(tiny_run, tmp_path, c
     save_file(nan, target, metadata=header)
     code, _, err = run(capsys, "evaluate", broken, "--quiet")
     assert code == 2 and "NaN or infinite weights" in err
+
+
+def test_add_accepts_the_same_deml_run_whose_width_is_below_its_configured_size(tmp_path, capsys):
+    """Issue 39 item 16: DeML rounds the embedding down to a multiple of its learners (18 over 4 learners: 16-d);
+    ``index --add`` with the run that built the index was refused ("16-d ... this model gives 18-d")."""
+    deml = tmp_path / "deml"
+    assert run(capsys, "train", "--data", "digits", "--backbone", "tiny", "--head", "deml", "--steps", "1", "--quiet",
+               "--no-test", "--out", deml, "model.pretrained=false", "model.embedding_dim=18", "data.image_size=16",
+               "model.head_options.num_scales=2", "model.head_options.num_branches=2",
+               "data.classes_per_batch=3", "data.samples_per_class=4", "eval.nmi=false")[0] == 0
+    make_gallery(tmp_path / "a", 3)
+    make_gallery(tmp_path / "b", 2, seed=1, start=3)
+    index = tmp_path / "index"
+    assert run(capsys, "index", deml, "--images", tmp_path / "a", "--out", index, "--quiet")[0] == 0
+    assert read_manifest(index).embedding_dim == 16
+    code, out, err = run(capsys, "index", deml, "--images", tmp_path / "b", "--out", index, "--add", "--quiet")
+    assert code == 0, err
+    assert read_manifest(index).count == 5

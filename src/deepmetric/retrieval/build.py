@@ -90,17 +90,17 @@ def describe(model: dict[str, Any]) -> str:
 
 
 def check_same_model(manifest: IndexManifest, model: dict[str, Any], index_dir: Path) -> None:
-    """Refuse to mix embeddings of two models in one index."""
-    dim = model["spec"].get("embedding_dim")
-    if dim != manifest.embedding_dim:
-        raise IndexStoreError(f"{index_dir} holds {manifest.embedding_dim}-d embeddings of {describe(manifest.model)}; "
-                              f"this model gives {dim}-d embeddings: build a separate index for it")
+    """Refuse to mix embeddings of two models in one index: the same checkpoint (by digest), spec, size and resize
+    or nothing. The model's width is not compared with the config's ``embedding_dim``, which a head may round down
+    (DeML: 512 over 9 learners gives 504): the same model gives the index's width by construction."""
     old = manifest.model
-    same = (old["spec"] == model["spec"] and old["image_size"] == model["image_size"]
-            and old["test_resize"] == model["test_resize"] and old["checkpoint_sha256"] == model["checkpoint_sha256"])
+    same = (old.get("spec") == model["spec"] and old.get("image_size") == model["image_size"]
+            and old.get("test_resize") == model["test_resize"]
+            and old.get("checkpoint_sha256") == model["checkpoint_sha256"])
     if not same:
-        raise IndexStoreError(f"{index_dir} was built with {describe(old)}, not with {describe(model)}: embeddings of "
-                              "different models are not comparable; build a separate index for it")
+        raise IndexStoreError(f"{index_dir} holds {manifest.embedding_dim}-d embeddings of {describe(old)}, not of "
+                              f"{describe(model)}: embeddings of different models are not comparable; build a "
+                              "separate index for it")
 
 
 def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind: str = "flat", add: bool = False,
