@@ -237,3 +237,22 @@ def test_a_binary_config_file_is_one_line(tmp_path):
     (tmp_path / "model.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     with pytest.raises(ConfigError, match="is not text"):
         load_yaml(tmp_path / "model.yaml")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("loss.options.m=.nan", r"loss.options.m': expected a finite number, got nan"),
+    ("loss.options.gamma=-.inf", r"loss.options.gamma': expected a finite number"),
+    ("loss.options.m=nan", r"loss.options.m': expected a finite number, got 'nan'"),
+    ("loss.options.m=1e999", r"loss.options.m': expected a finite number, got '1e999'"),
+    ("loss.regularizers.divergence.weight=.inf", r"loss.regularizers.divergence.weight': expected a finite"),
+    ("loss.miner_options.epsilon=.nan", r"loss.miner_options.epsilon': expected a finite number"),
+    ("generator.options.batch_ratio=.nan", r"generator.options.batch_ratio': expected a finite number"),
+    ("model.head_options.temperature=.nan", r"model.head_options.temperature': expected a finite number"),
+    ("loss.options.margins=[0.1,.nan]", r"loss.options.margins\[1\]': expected a finite number"),
+])
+def test_non_finite_plug_in_options_are_refused_like_train_lr(override, message):
+    """``loss.options.m=.nan`` (CircleLoss) trained to the end with a loss of exactly 0: a NaN or infinite number
+    anywhere under a plug-in's options is refused, naming the key, as ``train.lr=.nan`` is."""
+    with pytest.raises(ConfigError, match=message):
+        build_config({"loss": {"name": "pml:CircleLoss", "miner": "pml:MultiSimilarityMiner"}},
+                     parse_override(override))

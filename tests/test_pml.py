@@ -160,3 +160,71 @@ def test_two_processes_train_the_proxies_as_one_process_does(tmp_path):
     assert "objective.metric_losses.1.loss.proxies" in compared
     assert all(torch.allclose(one[k], two[k], atol=1e-6) for k in compared), \
         [k for k in compared if not torch.allclose(one[k], two[k], atol=1e-6)]
+
+
+# losses that need options of their own (no default) or another call (VICReg: two views, no labels)
+NEEDS_MORE = {"GenericPairLoss", "ManifoldLoss", "RankedListLoss", "VICRegLoss"}
+
+
+def test_every_pml_loss_that_takes_the_class_count_or_width_gets_them_and_runs():
+    """CosFace and SubCenterArcFace take num_classes/embedding_size through ``*args/**kwargs``, P2SGrad calls the
+    width ``descriptors_dim``: each gets the run's values, and every loss with defaults runs on a batch."""
+    from deepmetric.losses.pml import _classes
+
+    names = sorted(set(_classes("loss")) - NEEDS_MORE)
+    assert {"CosFaceLoss", "SubCenterArcFaceLoss", "P2SGradLoss", "ArcFaceLoss"} <= set(names)
+    embeddings, labels = batch()
+    for name in names:
+        objective = build_objective(LossConfig(name=f"pml:{name}", regularizers={}), gap_head(),
+                                    num_classes=NUM_CLASSES)
+        loss, _ = objective(HeadOutput(embedding=embeddings, parts=[embeddings]), labels)
+        assert torch.isfinite(loss), name
+    cosface = build_loss("pml:CosFaceLoss", num_classes=NUM_CLASSES, embedding_size=DIM).loss
+    assert cosface.num_classes == NUM_CLASSES and tuple(cosface.W.shape) == (DIM, NUM_CLASSES)
+
+
+BAD_LOSSES = [  # (loss section, what the message names)
+    ({"name": "pml:VICRegLoss"}, r"loss 'pml:VICRegLoss'"),
+    ({"name": "pml:ManifoldLoss", "options": {"l": 8}}, r"pml:ManifoldLoss' \(l=8\)"),
+    ({"name": "pml:TripletMarginLoss", "options": {"margin": "abc"}}, r"pml:TripletMarginLoss' \(margin='abc'\)"),
+    ({"name": "pml:FastAPLoss", "options": {"num_bins": 0}}, r"pml:FastAPLoss' \(num_bins=0\)"),
+    ({"name": "pml:PNPLoss", "options": {"variant": "evil"}}, r"pml:PNPLoss' \(variant='evil'\)"),
+    ({"name": "pml:TripletMarginLoss", "miner": "pml:BatchEasyHardMiner", "miner_options": {"pos_strategy": "evil"}},
+     r"miner 'pml:BatchEasyHardMiner' \(pos_strategy='evil'\)"),
+    ({"name": "binomial", "options": {"alpha": "x"}}, r"loss 'binomial' \(alpha='x'\)"),
+]
+
+
+@pytest.mark.parametrize(("loss", "named"), BAD_LOSSES, ids=[str(b[0]) for b in BAD_LOSSES])
+def test_a_loss_that_fails_on_a_trial_batch_is_refused_before_any_image_or_file(tmp_path, loss, named, monkeypatch):
+    import deepmetric.training.trainer as trainer
+
+    def no_images(*args, **kwargs):
+        raise AssertionError("the data were read before the loss was tried")
+
+    monkeypatch.setattr(trainer, "load_table", no_images)
+    with pytest.raises(ConfigError, match=named) as caught:
+        train(tiny_config(loss={"regularizers": {}, **loss}), tmp_path / "run", progress=False)
+    assert "fails on a trial batch: " in str(caught.value) or "cannot be built: " in str(caught.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_study_dry_run_refuses_a_loss_that_fails_on_a_trial_batch():
+    from deepmetric.studies.dry_run import _build
+
+    config = tiny_config(loss={"name": "pml:FastAPLoss", "options": {"num_bins": 0}, "regularizers": {}})
+    with pytest.raises(ConfigError, match=r"pml:FastAPLoss' \(num_bins=0\)"):
+        _build(config)
+
+
+def test_the_trial_batch_leaves_the_rng_and_the_loss_state_as_they_were():
+    head = gap_head()
+    torch.manual_seed(3)
+    objective = build_objective(LossConfig(name="pml:ProxyAnchorLoss", regularizers={}), head,
+                                num_classes=NUM_CLASSES)
+    after_build = torch.get_rng_state()
+    torch.manual_seed(3)
+    reference = pml_losses.ProxyAnchorLoss(num_classes=NUM_CLASSES, embedding_size=DIM)
+    assert torch.equal(objective.metric_losses[0].loss.proxies, reference.proxies)
+    assert torch.equal(torch.get_rng_state(), after_build)  # the proxies' draw, and only it
+    assert objective.metric_losses[0].loss.proxies.grad is None

@@ -80,7 +80,8 @@ def test_learning_rate_schedules(tmp_path, schedule):
 
 
 def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
-    config = tiny_config(loss={"name": "contrastive", "options": {"margin": float("nan")}})
+    config = tiny_config(loss={"name": "contrastive"})
+    config.loss.options["margin"] = float("nan")  # past validation, which refuses it (a loss can still diverge)
     with pytest.raises(TrainingError, match="step 1: the loss term 'metric' is nan"):
         train(config, tmp_path / "run", progress=False)
     assert not RunDir(tmp_path / "run").last.exists()
@@ -451,3 +452,30 @@ def test_run_files_planted_as_links_are_refused_and_what_they_point_to_is_untouc
     with pytest.raises(DeepMetricError, match="metrics.jsonl is a symbolic link"):  # a link planted during a run
         run.append_log({"step": 1, "loss": 0.5})
     assert victim.read_text() == "precious\n"
+
+
+def test_a_loss_that_stays_exactly_constant_is_reported_once(tmp_path, monkeypatch, caplog):
+    """Margins every pair satisfies (or a NaN that turned every term to 0) trained to the end at exactly 0, with
+    nothing said: after ``CONSTANT_LOSS_STEPS`` steps at exactly the same loss, one warning names the value and the
+    steps; a loss that moves says nothing."""
+    import logging
+
+    from deepmetric.training import trainer
+
+    monkeypatch.setattr(trainer, "CONSTANT_LOSS_STEPS", 3)
+    caplog.set_level(logging.WARNING, logger="deepmetric")
+    flat = {"name": "pml:ContrastiveLoss", "options": {"pos_margin": 2.0, "neg_margin": 0.0}, "regularizers": {}}
+    train(tiny_config(loss=flat, train={"steps": 8, "eval_every": 100}), tmp_path / "flat", progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "exactly" in r.getMessage()]
+    assert len(warnings) == 1 and "the training loss has been exactly 0 for 3 steps (steps 1-3)" in warnings[0]
+    caplog.clear()
+    train(tiny_config(train={"steps": 8, "eval_every": 100}), tmp_path / "moving", progress=False)
+    assert not [r for r in caplog.records if "exactly" in r.getMessage()]
+
+
+def test_the_constant_loss_watch_counts_consecutive_equal_values_only():
+    from deepmetric.training.trainer import ConstantLoss
+
+    watch = ConstantLoss(steps=3)
+    said = [watch.update(step, value) for step, value in enumerate([1.0, 0.5, 0.5, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0], 1)]
+    assert said == [None, None, None, None, None, None, (5, 7), None, None]

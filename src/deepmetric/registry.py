@@ -31,6 +31,27 @@ def keyword_parameters(fn: Callable[..., Any]) -> list[str]:
             if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
+def forwarded_parameters(entry: Callable[..., Any]) -> set[str]:
+    """The names ``entry`` accepts, its own and, for a class whose ``__init__`` passes ``*args``/``**kwargs`` on,
+    those of the base classes it forwards them to (pytorch-metric-learning's ``CosFaceLoss(*args, **kwargs)`` takes
+    ``num_classes`` and ``embedding_size`` through ``LargeMarginSoftmaxLoss``): what ``build`` may provide to it."""
+    if not inspect.isclass(entry):
+        return set(keyword_parameters(entry))
+    names: set[str] = set()
+    for cls in entry.__mro__:
+        init = vars(cls).get("__init__")
+        if init is None:
+            continue
+        if cls.__module__.startswith(("torch.", "builtins")) or cls is object:
+            break
+        parameters = inspect.signature(init).parameters.values()
+        names.update(p.name for p in parameters
+                     if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            break  # this one forwards nothing further up
+    return names
+
+
 class Registry(Generic[T]):
     """Named entries of one kind of plug-in.
 
@@ -122,9 +143,10 @@ class Registry(Generic[T]):
         return entry
 
     def build(self, name: str, options: dict[str, Any] | None = None, **provided: Any) -> Any:
-        """Call entry ``name`` with ``options`` (checked) and the ``provided`` values its signature asks for."""
+        """Call entry ``name`` with ``options`` (checked) and the ``provided`` values its signature asks for (or
+        that of a base class it forwards ``**kwargs`` to, ``forwarded_parameters``)."""
         entry = self.check(name, options)
-        wanted = set(keyword_parameters(entry))  # type: ignore[arg-type]
+        wanted = forwarded_parameters(entry)  # type: ignore[arg-type]
         arguments = {k: v for k, v in (options or {}).items() if k not in self.extra_options}
         arguments.update({k: v for k, v in provided.items() if k in wanted})
         try:  # a required option left out is the user's to fix; a TypeError inside the constructor is a bug

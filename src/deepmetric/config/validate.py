@@ -3,6 +3,7 @@ and their options (before any data is read)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
@@ -105,8 +106,36 @@ def _validate_generator(g: GeneratorConfig) -> None:
         raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
 
 
+def _finite_options(key: str, value: Any) -> None:
+    """Refuse a NaN or infinite number anywhere in a plug-in's options (``loss.options.m=.nan`` trained to the end
+    with a loss of exactly 0), as ``coerce_float`` refuses ``train.lr=.nan``: a float, or a string that reads as
+    one (``nan``, ``1e999``), in nested mappings and lists too."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _finite_options(f"{key}.{name}", item)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _finite_options(f"{key}[{i}]", item)
+    elif isinstance(value, float | str) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return
+        if not math.isfinite(number):
+            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+
+
+def _validate_plug_in_options(config: RunConfig) -> None:
+    _finite_options("model.head_options", config.model.head_options)
+    _finite_options("loss.options", config.loss.options)
+    _finite_options("loss.miner_options", config.loss.miner_options)
+    _finite_options("loss.regularizers", config.loss.regularizers or {})
+    _finite_options("generator.options", config.generator.options)
+
+
 def validate(config: RunConfig) -> None:
     """Checks that need more than one value's type, section by section, then the plug-in names and options."""
+    _validate_plug_in_options(config)
     _validate_data(config.data)
     _validate_model(config.model)
     _validate_train(config.train)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeepMetricError
 from ..models.heads import Head
 from ..registry import Registry
 from .activation_decay import ActivationDecay, LearnerRowNorm
@@ -37,7 +39,8 @@ from .pml import resolve as resolve_pml
 from .regularizers import REGULARIZERS, build_regularizer, check_regularizer_options, register_regularizer
 from .triplet import TripletLoss
 
-LOSSES: Registry[type[nn.Module]] = Registry("loss", provided=("num_classes", "embedding_size"))
+LOSSES: Registry[type[nn.Module]] = Registry("loss", provided=("num_classes", "embedding_size", "descriptors_dim"))
+"""``descriptors_dim`` is PML's ``P2SGradLoss``'s name for the embedding's width."""
 for _name, _cls in {"contrastive": ContrastiveLoss, "contrastive-euclidean": EuclideanContrastiveLoss,
                     "triplet": TripletLoss, "binomial": BinomialDevianceLoss,
                     "multi-similarity": MultiSimilarityLoss, "margin": MarginLoss}.items():
@@ -52,7 +55,8 @@ __all__ = [
     "LOSSES", "MINERS", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss",
     "ContrastiveLoss", "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss",
     "HordeRegularizer", "LearnerRowNorm", "MarginLoss", "MultiSimilarityLoss", "Objective", "PMLLoss", "TripletLoss",
-    "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_regularizer_options",
+    "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_objective",
+    "check_regularizer_options", "try_loss",
     "register_regularizer",
 ]
 
@@ -88,10 +92,75 @@ def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: in
         The loss module: ``loss(embeddings (B, D) l2-normalised, labels (B,)) -> scalar``.
     """
     check_loss_options(name, options, miner, miner_options)
-    loss = LOSSES.build(name, options, num_classes=num_classes, embedding_size=embedding_size)
-    if not is_pml(name):
-        return loss
-    return PMLLoss(loss, MINERS.build(miner, miner_options) if miner is not None else None)
+    with _as_config_error(name, options, miner, miner_options, "cannot be built"):
+        loss = LOSSES.build(name, options, num_classes=num_classes, embedding_size=embedding_size,
+                            descriptors_dim=embedding_size)
+        if is_pml(name):
+            loss = PMLLoss(loss, MINERS.build(miner, miner_options) if miner is not None else None)
+    if embedding_size:
+        try_loss(loss, embedding_size, num_classes, name, options, miner, miner_options)
+    return loss
+
+
+TRIAL_CLASSES, TRIAL_PER_CLASS = 4, 2
+"""The trial batch every metric loss is run on once it is built: 4 classes x 2 random unit embeddings."""
+
+
+def _describe(name: str, options: dict[str, Any] | None, miner: str | None,
+              miner_options: dict[str, Any] | None) -> str:
+    def listed(values: dict[str, Any] | None) -> str:
+        return f" ({', '.join(f'{k}={v!r}' for k, v in values.items())})" if values else ""
+
+    text = f"loss '{name}'{listed(options)}"
+    return text + (f" with miner '{miner}'{listed(miner_options)}" if miner is not None else "")
+
+
+class _as_config_error:
+    """Turn any exception but a ``DeepMetricError`` into one ``ConfigError`` naming the loss, the miner and their
+    options, with the original message (PML's and our losses check their options at build or at the first call)."""
+
+    def __init__(self, name: str, options: dict[str, Any] | None, miner: str | None,
+                 miner_options: dict[str, Any] | None, what: str):
+        self.described, self.what = _describe(name, options, miner, miner_options), what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if error is None or isinstance(error, DeepMetricError) or not isinstance(error, Exception):
+            return False
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise ConfigError(f"{self.described} {self.what}: {type(error).__name__}: {message[:500]}") from None
+
+
+def try_loss(loss: nn.Module, embedding_size: int, num_classes: int | None, name: str,
+             options: dict[str, Any] | None = None, miner: str | None = None,
+             miner_options: dict[str, Any] | None = None) -> None:
+    """Run ``loss`` once on a trial batch (``TRIAL_CLASSES`` x ``TRIAL_PER_CLASS`` random unit embeddings of width
+    ``embedding_size``, on the CPU, its backward too), so that options PML or our losses accept at build but fail on
+    (a wrong type, a bad choice, a loss with another call) are refused before any image is read or file written.
+    The global RNG, the loss's state and its gradients are left as they were; a failure or a non-scalar result is one
+    ``ConfigError`` naming the loss, its miner and their options."""
+    classes = max(1, min(TRIAL_CLASSES, num_classes or TRIAL_CLASSES))
+    state = {k: v.detach().clone() for k, v in loss.state_dict().items()}
+    grads = {n: p.grad for n, p in loss.named_parameters()}
+    try:
+        with torch.random.fork_rng(devices=[]), _as_config_error(name, options, miner, miner_options,
+                                                                 "fails on a trial batch"):
+            generator = torch.Generator().manual_seed(0)
+            embeddings = F.normalize(torch.randn(classes * TRIAL_PER_CLASS, embedding_size, generator=generator),
+                                     dim=1).requires_grad_(True)
+            labels = torch.arange(classes).repeat_interleave(TRIAL_PER_CLASS)
+            value = loss(embeddings, labels)
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise ValueError(f"it returned {type(value).__name__} "
+                                 f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}, not a scalar")
+            if value.requires_grad:
+                value.backward()
+    finally:
+        loss.load_state_dict(state)
+        for n, p in loss.named_parameters():
+            p.grad = grads[n]
 
 
 def build_objective(config: Any, head: Head, num_classes: int | None = None) -> Objective:
@@ -111,3 +180,11 @@ def build_objective(config: Any, head: Head, num_classes: int | None = None) -> 
     regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
                     for name, options in specs.items()}
     return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes)
+
+
+def check_objective(config: Any, head: Head) -> None:
+    """Build the objective of loss section ``config`` for ``head`` with ``TRIAL_CLASSES`` classes, each metric loss
+    run on its trial batch (``try_loss``), before the data are read: a loss or miner that fails on its options is
+    one ``ConfigError`` before any image is read or file written. The global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        build_objective(config, head, num_classes=TRIAL_CLASSES)

@@ -34,7 +34,7 @@ from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
 from ..evaluation import EmbedSettings, evaluate
 from ..generators import Generator, build_generator
 from ..io import atomic_write_text, optimizer_from_flat, optimizer_to_flat, prefixed, to_json, unprefixed
-from ..losses import Objective, build_objective
+from ..losses import Objective, build_objective, check_objective
 from ..models import Embedder
 from ..progress import progress_bar
 from ..provenance import environment
@@ -67,6 +67,28 @@ def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int,
     value = float(terms.get(bad, loss).detach())
     where = f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
     raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
+
+
+CONSTANT_LOSS_STEPS = 50
+"""After this many consecutive steps at exactly the same training loss, the trainer warns once."""
+
+
+class ConstantLoss:
+    """Watch for a training loss that stays *exactly* the same step after step: no gradient reaches the model
+    (margins every pair satisfies, a term zeroed by a NaN option). ``update`` returns ``(first, last)`` step of the
+    run once it reaches ``steps`` equal values, and only that once per training."""
+
+    def __init__(self, steps: int):
+        self.steps, self.value, self.first, self.said = steps, None, 0, False
+
+    def update(self, step: int, value: float) -> tuple[int, int] | None:
+        if value != self.value:
+            self.value, self.first = value, step
+            return None
+        if self.said or step - self.first + 1 < self.steps:
+            return None
+        self.said = True
+        return self.first, step
 
 
 def _training_sample(config: RunConfig, train_part: RetrievalTable,
@@ -262,6 +284,7 @@ def _build_session(config: RunConfig, run: RunDir, context: DistContext, device:
     objective, optimiser and generator, the state of ``last`` when resuming, and the sampler (a data set too small
     for a P x K batch is refused here). Returns the session and the bad items the audit left out."""
     model = build_model(config).to(device)
+    check_objective(config.loss, model.head)  # a loss that fails on its options, before minutes of image audit
     table, bad_items = load_table(config, progress)
     train_part = table.split("train")
     classes = np.unique(train_part.labels)
@@ -365,6 +388,7 @@ def _loop(session: Session) -> TrainResult:
 
     started = time.perf_counter()
     window_start, window_images, smoothed = time.perf_counter(), 0, None
+    constant = ConstantLoss(CONSTANT_LOSS_STEPS)
     bar = progress_bar(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
                        dynamic_ncols=True)
     model.train()
@@ -393,6 +417,11 @@ def _loop(session: Session) -> TrainResult:
             window_images += len(labels)
             value = float(loss.detach())
             smoothed = value if smoothed is None else 0.9 * smoothed + 0.1 * value
+            flat = constant.update(done, value)
+            if flat is not None and context.is_main:
+                log.warning("the training loss has been exactly %g for %d steps (steps %d-%d): nothing is learning; "
+                            "check loss.options (a margin every pair already satisfies?) and the learning rates",
+                            value, flat[1] - flat[0] + 1, *flat)
             if context.is_main and (done % t.log_every == 0 or done == t.steps):
                 rate = window_images / max(time.perf_counter() - window_start, 1e-9)
                 record = {"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
