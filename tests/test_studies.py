@@ -342,3 +342,161 @@ def test_only_finished_runs_are_recorded_and_a_restore_replaces_a_partial_attemp
     for bad in (["a"], str(finished.test_metrics)):  # not a path; a file, not a folder
         with pytest.raises(ConfigError, match="'record' must be a folder"):
             load_study(write_study(tmp_path, record=bad))
+
+
+MALFORMED_STUDIES = [  # (the keys that replace a valid study's, or the whole file; what the one error line names)
+    ("name: [tiny\n", "not valid YAML"),
+    (b"name: caf\xe9\n", "not text"),
+    ("- a\n- b\n", "must hold a mapping"),
+    ({1: "x"}, "unknown key '1'"),
+    ({"name": {"a": 1}}, "study name"),
+    ({"base": 3}, "'base'"),
+    ({"base": "missing.yaml"}, "missing.yaml"),
+    ({"out": ["a"]}, "'out'"),
+    ({"out": ""}, "'out'"),
+    ({"record": 3}, "'record'"),
+    ({"set": ["a"]}, "'set'"),
+    ({"set": 3}, "'set'"),
+    ({"variants": ["a", "b"]}, "'variants'"),
+    ({"variants": "gap"}, "'variants'"),
+    ({"variants": {"gap": 3}}, "variants.gap"),
+    ({"grid": ["a"]}, "'grid'"),
+    ({"grid": {"loss.name": "binomial"}}, "'grid'"),
+    ({"seeds": 3}, "'seeds'"),
+    ({"seeds": ["x"]}, "'seeds'"),
+    ({"seeds": [float("inf")]}, "'seeds'"),
+    ({"seeds": [float("nan")]}, "'seeds'"),
+    ({"seeds": []}, "'seeds'"),
+    ({"seeds": [-1]}, "'seeds'"),
+    ({"seeds": [True]}, "'seeds'"),
+    ({"seeds": [0.9]}, "'seeds'"),
+    ({"seeds": {"a": 1}}, "'seeds'"),
+    ({"splits": "many"}, "'splits'"),
+    ({"splits": -3}, "'splits'"),
+    ({"splits": 0}, "'splits'"),
+    ({"splits": 2.5}, "'splits'"),
+    ({"splits": True}, "'splits'"),
+    ({"splits": float("inf")}, "'splits'"),
+    ({"splits": [1, 2]}, "'splits'"),
+    ({"splits": 2, "split_fraction": "half"}, "'split_fraction'"),
+    ({"splits": 2, "split_fraction": [0.5]}, "'split_fraction'"),
+    ({"splits": 2, "split_fraction": 1.5}, "'split_fraction'"),
+    ({"splits": 2, "split_fraction": float("nan")}, "'split_fraction'"),
+    ({"splits": 2, "split_fraction": True}, "'split_fraction'"),
+    ({"seeds": [0], "splits": 2}, "not both"),
+    ({"all_embeddings": "yes please"}, "'all_embeddings'"),
+    ({"compare": 3}, "'compare'"),
+    ({"compare": ["nope"]}, "'compare'"),
+]
+
+
+@pytest.mark.parametrize("content,named", MALFORMED_STUDIES, ids=[str(c)[:40] for c, _ in MALFORMED_STUDIES])
+def test_a_malformed_study_file_is_one_line_naming_the_bad_key(tmp_path, capsys, content, named):
+    """Issue 39 item 14: top-level keys with a wrong type (and files that are not YAML, or not text) gave a
+    traceback; ``seeds: []`` and ``splits: -3`` printed "0 runs" and exited 0. Each is one line, exit 2."""
+    from deepmetric.cli import main
+
+    study = write_study(tmp_path, variants={"gap": {}})
+    if isinstance(content, dict):  # the valid study with these keys replaced
+        study.write_text(yaml.safe_dump({**yaml.safe_load(study.read_text()), **content}, sort_keys=False))
+    elif isinstance(content, bytes):
+        study.write_bytes(content)
+    else:
+        study.write_text(content)
+    assert main(["study", str(study), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert named in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_seeds_are_distinct_integers_never_truncated_nor_counted_twice(tmp_path):
+    """Issue 39 item 11: ``seeds: [0, 0, 0.9]`` trained seed 0 once and counted it three times (± 0.00), 0.9
+    truncated to 0. Seeds are integers (no bools, no floats), each once."""
+    with pytest.raises(ConfigError, match=r"'seeds' must be a non-empty list of integers >= 0.*0\.9"):
+        load_study(write_study(tmp_path, seeds=[0, 0, 0.9]))
+    with pytest.raises(ConfigError, match=r"'seeds' repeats 0: each seed is one run"):
+        load_study(write_study(tmp_path, seeds=[0, 1, 0]))
+    for bad in ([False, 1], [1.0], ["1"]):
+        with pytest.raises(ConfigError, match="'seeds' must be"):
+            load_study(write_study(tmp_path, seeds=bad))
+    assert load_study(write_study(tmp_path, seeds=[2, 0, 1])).repeats == [2, 0, 1]
+
+
+def test_a_variant_whose_config_fails_is_reported_and_skipped_and_the_others_finish(tmp_path, capsys, caplog):
+    """Issue 39 item 10: one variant with a bad setting (an unknown head option) stopped the whole study before any
+    run, with no results. That run is reported (its variant and the error) and skipped, the others train and are
+    aggregated, and the study exits non-zero at the end."""
+    from deepmetric.cli import main
+
+    study = write_study(tmp_path, variants={
+        "gap": {}, "abe": {"model.head": "abe", "model.head_options": {"num_learnerz": 2}}})
+    with caplog.at_level("INFO", logger="deepmetric"):
+        assert main(["study", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and "Traceback" not in err
+    assert "1 of 2 runs failed" in err and "abe/0 (head 'abe' has no option 'num_learnerz'" in err
+    assert "abe/0 failed: head 'abe' has no option 'num_learnerz' (did you mean 'num_learners'?)" in caplog.text
+    assert [r["variant"] for r in csv.DictReader((tmp_path / "out/results.csv").open())] == ["gap"]
+    assert not (tmp_path / "out/runs/abe").exists()  # nothing half-written for the run that could not start
+    with pytest.raises(ConfigError, match="run (abe|gap)/0.*did you mean .train.steps."):  # every run: refused early
+        load_study(write_study(tmp_path, set={"train.stepz": 2}))
+
+
+def test_a_finished_run_whose_settings_changed_is_not_reused_silently(tmp_path, capsys):
+    """Issue 39 item 12: a finished variant whose settings changed in the study file was "done already" with its
+    old numbers. Reused only when its saved config.yaml is the config the study builds now; otherwise the study
+    stops naming the run and the differing keys, and ``--retrain-changed`` trains it again."""
+    from deepmetric.cli import main
+
+    study = write_study(tmp_path, variants={"gap": {}})
+    assert main(["study", str(study), "--quiet"]) == 0
+    metrics = tmp_path / "out/runs/gap/0/metrics.json"
+    before = metrics.read_bytes()
+    study = write_study(tmp_path, variants={"gap": {}}, set={"train.steps": 3})
+    capsys.readouterr()
+    assert main(["study", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and "Traceback" not in err
+    assert "gap/0 (train.steps: 2 -> 3)" in err and "--retrain-changed" in err
+    assert metrics.read_bytes() == before  # nothing trained, nothing replaced
+    assert main(["study", str(study), "--quiet", "--retrain-changed"]) == 0
+    assert yaml.safe_load((tmp_path / "out/runs/gap/0/config.yaml").read_text())["train"]["steps"] == 3
+    kept = [p for p in (tmp_path / "out/runs/gap").iterdir() if p.name != "0"]
+    assert len(kept) == 1 and (kept[0] / "metrics.json").read_bytes() == before  # the old run is set aside
+    assert main(["study", str(study), "--quiet"]) == 0  # now it matches: reused
+
+
+def test_a_damaged_record_is_named_never_restored_and_a_fixed_one_is_used(tmp_path, monkeypatch, capsys):
+    """Issue 39 item 13: a committed record whose metrics.json holds merge-conflict markers was restored, then
+    aggregating it gave a traceback, and after the record was fixed the bad copy still counted as finished. A
+    record's files are checked before anything is restored; the damaged file is named; a bad copy never counts."""
+    import shutil
+
+    import deepmetric.studies.runner as runner
+    from deepmetric.cli import main
+
+    study = write_study(tmp_path, variants={"gap": {}}, record=str(tmp_path / "record"))
+    assert main(["study", str(study), "--quiet"]) == 0
+    first = (tmp_path / "out/results.csv").read_text()
+    recorded = tmp_path / "record/gap/0/metrics.json"
+    good = recorded.read_text()
+    damaged = f"<<<<<<< HEAD\n{good}=======\n{good}>>>>>>> other-machine\n"
+    shutil.rmtree(tmp_path / "out")  # the fresh checkout, after a bad merge
+    recorded.write_text(damaged)
+    trained = []
+    monkeypatch.setattr(runner, "train", lambda config, directory, **kwargs: trained.append(directory))
+    capsys.readouterr()
+    assert main(["study", str(study), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{recorded} is damaged" in err and "gap/0" in err
+    assert not (tmp_path / "out/runs/gap/0/metrics.json").exists() and not trained  # not restored, not retrained
+    assert recorded.read_text() == damaged  # the user's file is left for them to fix
+
+    (tmp_path / "out/runs/gap/0").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "out/runs/gap/0/metrics.json").write_text(damaged)  # a bad copy an older version restored
+    recorded.write_text(good)  # the record fixed: the bad copy gives way to it
+    assert main(["study", str(study), "--quiet"]) == 0 and not trained
+    assert (tmp_path / "out/results.csv").read_text() == first
+    assert (tmp_path / "out/runs/gap/0/metrics.json").read_text() == good

@@ -200,7 +200,7 @@ def cmd_study(args: argparse.Namespace) -> int:
                                   + ", ".join(failing))
         return 0
     only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
-    paths = run_study(spec, progress=not args.quiet, only=only)
+    paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed)
     print(paths["md"].read_text())
     print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
     if "embeddings_md" in paths:

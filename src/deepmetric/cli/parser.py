@@ -193,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="VARIANT[,VARIANT...]",
                    help="train only these variants now (every seed or split of each); the results still hold every "
                    "finished run of the study")
+    p.add_argument("--retrain-changed", action="store_true",
+                   help="train again the finished runs whose saved config differs from what the study file now "
+                   "gives (without it the study stops and names them); their old folders are kept as "
+                   "<repeat>.replaced-<time>")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "

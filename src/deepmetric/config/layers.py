@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,59 @@ import yaml
 
 from ..errors import ConfigError
 from ..presets import resolve as resolve_preset
+from .sections import RunConfig
+
+SECTIONS = (*(f.name for f in dataclasses.fields(RunConfig)), "extends")
+"""The top-level keys a config file may hold."""
+
+MAX_YAML_NODES = 20_000
+"""Most values a config or study file may hold once its YAML aliases are expanded. A config file holds a few hundred;
+an alias bomb (each anchor referring to the previous one nine times: 243 bytes) holds billions, and printing,
+merging or checking it ran for minutes and printed megabytes."""
+MAX_EXTENDS = 32
+"""Most files one chain of ``extends:`` may read."""
+
+
+def expanded_size(value: Any, limit: int = MAX_YAML_NODES) -> int:
+    """How many values ``value`` holds with every shared (aliased) part counted each time it is used, computed in
+    time linear in the distinct objects (each one's size is remembered), stopping past ``limit``; a value that
+    contains itself (``&a [*a]``) counts as past the limit."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(item: Any) -> int:
+        if not isinstance(item, dict | list):
+            return 1
+        key = id(item)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            return limit + 1
+        open_.add(key)
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(value)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` of ``text`` (named ``source`` in messages), refused when its expansion holds more than
+    ``MAX_YAML_NODES`` values or contains itself."""
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{source} nests too deeply to be a config") from None
+    if expanded_size(data) > MAX_YAML_NODES:
+        raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES:,} values through its YAML aliases "
+                          "(&anchor / *alias), or contains itself; a config holds a few hundred")
+    return data
 
 
 def nest(dotted: str, value: Any) -> dict[str, Any]:
@@ -29,7 +83,7 @@ def parse_override(text: str) -> dict[str, Any]:
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_yaml(raw, f"override '{key}'") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return nest(key, value)
@@ -53,8 +107,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = resolve_preset(path, "config")
     if path.resolve() in _seen:
         raise ConfigError(f"config file {path} extends itself (through {' -> '.join(str(p) for p in _seen)})")
+    if len(_seen) >= MAX_EXTENDS:
+        raise ConfigError(f"config file {_seen[0]}: its extends: chain is longer than {MAX_EXTENDS} files "
+                          f"(reached {path})")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path.read_text(), f"config file {path}")
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     except UnicodeDecodeError:
@@ -63,6 +120,9 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    if data and not any(key in SECTIONS for key in data):  # not a config at all: quote nothing of it
+        raise ConfigError(f"{path} is not a deepmetric config: none of its top-level keys is a section "
+                          f"({', '.join(SECTIONS)})")
     parent = data.pop("extends", None)
     if parent is None:
         return data

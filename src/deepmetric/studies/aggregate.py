@@ -26,6 +26,7 @@ from ..errors import DeepMetricError
 from ..evaluation.table import metric_label
 from ..io import atomic_write_bytes, atomic_write_text
 from ..training.run_dir import RunDir
+from .record import finished, problem
 from .spec import StudyRun, StudySpec
 
 
@@ -33,7 +34,7 @@ def _records(spec: StudySpec, file_of: Callable[[RunDir], Path]) -> Iterator[tup
     """Each run whose evaluation file ``file_of(run directory)`` exists, with that file's record."""
     for run in spec.runs():
         path = file_of(RunDir(spec.run_dir(run)))
-        if path.is_file():
+        if path.is_file() and problem(path) is None:  # a damaged copy is no finished run
             yield run, json.loads(path.read_text())
 
 
@@ -57,7 +58,7 @@ def aggregate(spec: StudySpec) -> list[dict[str, Any]]:
     rows = []
     for run in spec.runs():
         folder = RunDir(spec.run_dir(run))
-        if folder.test_metrics.is_file():
+        if finished(folder):  # a damaged copy is no finished run
             record = json.loads(folder.test_metrics.read_text())
             rows.append({"variant": run.variant, "repeat": run.repeat, "data": record.get("data", ""),
                          **record["metrics"], **validation_of(folder, record.get("step"))})

@@ -6,28 +6,64 @@ ends last writes the complete results. A run that
 fails with a user-facing error (bad data or settings for that variant) is reported and skipped; the others
 still run and are aggregated, and the study then ends with an error naming every failed run. A signal that
 interrupts training (after its checkpoint) stops the whole study. With a ``record`` folder, runs recorded there
-are restored first and each finished run is recorded (``record.py``)."""
+are restored first (a damaged record is that run's failure, named, never restored) and each finished run is
+recorded (``record.py``). A finished run is reused only while its saved ``config.yaml`` is the config the study
+builds now: otherwise the study stops naming it and the changed settings, or, with ``retrain_changed``, sets it
+aside and trains it again."""
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
-from ..config import build_config
+from ..config import RunConfig, build_config
 from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
 from ..training import train
-from ..training.run_dir import RunDir
+from ..training.run_dir import RunDir, _flat
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
-from .record import record_run, restore_run
+from .record import DamagedRecord, finished, record_run, restore_run
 from .spec import StudySpec, variant_hint
 
 log = logging.getLogger("deepmetric")
 
+NOT_COMPARED = ("data.num_workers", "data.pin_memory", "train.threads", "train.tensorboard", "eval.batch_size",
+                "eval.report")
+"""Settings that cannot change what a finished run measured (loader processes, threads, evaluation batch size, the
+report page): a finished run whose saved config differs from the study's only in these is still reused."""
 
-def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[str, ...] = ()) -> dict[str, Path]:
+
+def changed_settings(folder: RunDir, config: RunConfig) -> list[str]:
+    """The settings (``key: saved -> now``) in which ``folder``'s saved ``config.yaml`` differs from ``config``;
+    ``[]`` when the finished run is the one the study would train now."""
+    try:
+        saved = _flat(folder.config().to_dict())
+    except DeepMetricError as error:
+        return [f"its config.yaml cannot be read: {error}"]
+    now = _flat(config.to_dict())
+    return [f"{key}: {saved.get(key, '(none)')} -> {now.get(key, '(none)')}" for key in sorted(set(saved) | set(now))
+            if key not in NOT_COMPARED and saved.get(key) != now.get(key)]
+
+
+def _set_aside(directory: Path) -> Path:
+    """Move a finished run that is to be trained again beside its folder (``<repeat>.replaced-<time>``): nothing is
+    deleted."""
+    target = directory.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = target.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{number}")
+    directory.rename(target)
+    return target
+
+
+def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[str, ...] = (),
+              retrain_changed: bool = False) -> dict[str, Path]:
     """Train and evaluate each unfinished run (of the variants in ``only``, when given: the others wait for a later
-    call); write ``results.csv``, ``results.md`` and ``results.png`` from every finished run of the study."""
+    call); write ``results.csv``, ``results.md`` and ``results.png`` from every finished run of the study. A
+    finished run whose saved config differs from the one the study builds now stops the study before anything is
+    trained (naming it and the settings), unless ``retrain_changed``: then it is set aside and trained again."""
     runs = spec.runs()
     if only:
         unknown = [name for name in only if name not in spec.variants]
@@ -35,16 +71,42 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             raise ConfigError(f"study {spec.name}: no variant named {unknown[0]!r}"
                               + variant_hint(unknown[0], spec.variants))
         runs = [run for run in runs if run.variant in only]
+    changed: dict[str, list[str]] = {}
+    damaged: dict[str, str] = {}
+    for number, run in enumerate(runs, start=1):  # before anything trains: restore, then compare the finished runs
+        folder, record = RunDir(spec.run_dir(run)), spec.record_dir(run)
+        try:
+            if record is not None and restore_run(record, folder):
+                log.info("[%d/%d] %s: restored from %s", number, len(runs), run.name, record)
+        except DamagedRecord as error:
+            damaged[run.name] = str(error)  # reported as that run's failure below; not retrained over the record
+            continue
+        if finished(folder):
+            try:
+                config = build_config(*run.layers)
+            except ConfigError:
+                continue  # reported as that run's failure below
+            differences = changed_settings(folder, config)
+            if differences:
+                changed[run.name] = differences
+    if changed and not retrain_changed:
+        raise ConfigError(f"study {spec.name}: {len(changed)} finished run(s) were trained with other settings than "
+                          "the study now gives: " + "; ".join(f"{name} ({', '.join(keys)})"
+                                                              for name, keys in changed.items())
+                          + ": restore those settings, or pass --retrain-changed to train them again (the old run "
+                          "folders are kept beside, as <repeat>.replaced-<time>)")
     failed: list[str] = []
     elsewhere: list[str] = []
     for number, run in enumerate(runs, start=1):
         directory = spec.run_dir(run)
         folder = RunDir(directory)
         record = spec.record_dir(run)
-        if record is not None and restore_run(record, folder):
-            log.info("[%d/%d] %s: restored from %s", number, len(runs), run.name, record)
-        trained = folder.test_metrics.is_file()
-        if trained and (not spec.all_embeddings or folder.all_embeddings_metrics.is_file()):
+        if run.name in damaged:
+            log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, damaged[run.name])
+            failed.append(f"{run.name} ({damaged[run.name]})")
+            continue
+        trained = finished(folder) and run.name not in changed
+        if trained and (not spec.all_embeddings or finished(folder, all_embeddings=True)):
             log.info("[%d/%d] %s: done already", number, len(runs), run.name)
             if record is not None:
                 record_run(folder, record)
@@ -53,10 +115,14 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             holder = folder.holder()
             if holder is not None:  # looked at before the run is announced (train() refuses it too)
                 raise RunInUse(f"{directory} is in use by process {holder}", holder)
+            if run.name in changed:
+                log.info("[%d/%d] %s: settings changed (%s): the old run moves to %s", number, len(runs), run.name,
+                         ", ".join(changed[run.name]), _set_aside(directory))
             if not trained:
+                config = build_config(*run.layers)  # a variant's bad setting fails this run only, before its folder
                 resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
                 log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
-                train(build_config(*run.layers), directory, resume=resume, progress=progress)
+                train(config, directory, resume=resume, progress=progress)
                 evaluate_run(directory, progress=progress)
             if spec.all_embeddings:
                 log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
@@ -71,7 +137,11 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
         except DeepMetricError as error:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
             failed.append(f"{run.name} ({error})")
-    paths = write_results(spec, aggregate(spec), aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    rows = aggregate(spec)
+    if not rows and failed:  # nothing finished: the failures are the news, not the empty table
+        raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
+                              + "; ".join(failed))
+    paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
                     "the complete results", paths["md"], len(elsewhere), ", ".join(elsewhere))

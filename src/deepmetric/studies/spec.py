@@ -13,9 +13,9 @@ variants:                         # named variants, each a set of overrides ...
   diablo: {model.head: diablo}
 grid:                             # ... and/or a grid whose product makes more variants
   loss.name: [binomial, contrastive]
-seeds: [0, 1, 2]                  # repeat every variant with train.seed = s
+seeds: [0, 1, 2]                  # repeat every variant with train.seed = s (distinct integers >= 0)
 splits: 10                        # or the DIABLO protocol (§4.2): s = 0..9 class-disjoint train/val partitions
-split_fraction: 0.5               #   of the training classes (half validate), model selection on validation
+split_fraction: 0.5               #   of the training classes (half validate, in (0, 1)), model selection on val
 all_embeddings: true              # also `evaluate --all-embeddings` every run (ABE's learners and their mean ±
                                   #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
 compare: [gap]                    # optional: results.md also gives each variant's difference from these
@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from ..config import build_config, extended, load_yaml, merge_layers, nest
+from ..config.layers import read_yaml
 from ..errors import ConfigError, did_you_mean
 from ..presets import resolve as resolve_preset
 
@@ -152,21 +153,65 @@ def _base(value: Any, path: Path) -> dict[str, Any]:
                       f"{value!r}")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seeds(value: Any, path: Path) -> list[int]:
+    """``seeds:``: a non-empty list of distinct integers >= 0 (a float would be truncated, a repeated seed would
+    count one run several times in the mean ± std)."""
+    if not isinstance(value, list) or not value or not all(_is_int(seed) and seed >= 0 for seed in value):
+        raise ConfigError(f"study file {path}: 'seeds' must be a non-empty list of integers >= 0 (e.g. [0, 1, 2]), "
+                          f"got {value!r}")
+    repeated = sorted({seed for seed in value if value.count(seed) > 1})
+    if repeated:
+        raise ConfigError(f"study file {path}: 'seeds' repeats {', '.join(map(str, repeated))}: each seed is one run, "
+                          "a repeat would count it twice in the mean ± std")
+    return list(value)
+
+
+def _splits(value: Any, path: Path) -> int:
+    """``splits:``: how many class-disjoint partitions, an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"study file {path}: 'splits' must be a whole number of splits >= 1 (e.g. 10), got "
+                          f"{value!r}")
+    return value
+
+
+def _split_fraction(value: Any, path: Path) -> float:
+    """``split_fraction:``: the share of training classes that validate, in (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"study file {path}: 'split_fraction' must be a number between 0 and 1 (the share of "
+                          f"training classes that validate, e.g. 0.5), got {value!r}")
+    return float(value)
+
+
 def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> StudySpec:
     """Read a study file, or the packaged study of that name (``demo``: ``deepmetric.presets``; a file that exists
     wins); ``command_line`` (parsed ``key=value`` layers) apply to every run, over its settings."""
     path = resolve_preset(path, "study")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = read_yaml(path.read_text(), f"study file {path}") or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"study file {path} is not valid YAML: {' '.join(str(error).split())}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"study file {path} is not text (YAML in UTF-8)") from None
+    except OSError as error:
+        raise ConfigError(f"study file {path} cannot be read: {error.strerror or error}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"study file {path} must hold a mapping")
     for key in data:
         if key not in KEYS:
-            raise ConfigError(f"study file {path}: unknown key '{key}'{did_you_mean(key, KEYS)}")
+            raise ConfigError(f"study file {path}: unknown key '{key}'{did_you_mean(str(key), KEYS)}")
     name = data.get("name", path.stem)
     name = _check_label(str(name) if isinstance(name, int | float) and not isinstance(name, bool) else name, path,
                         "study name", "a folder")
     base = _base(data["base"], path) if "base" in data else {}
-    named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in (data.get("variants") or {"": {}}).items()}
+    variants_given = data.get("variants") or {"": {}}
+    if not isinstance(variants_given, dict):
+        raise ConfigError(f"study file {path}: 'variants' must map each variant's name to its overrides, got "
+                          f"{variants_given!r}")
+    named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in variants_given.items()}
     grid = data.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"study file {path}: 'grid' must map config keys to non-empty lists")
@@ -179,7 +224,12 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if "seeds" in data and "splits" in data:
         raise ConfigError(f"study file {path}: give 'seeds' or 'splits', not both")
     protocol = "splits" if "splits" in data else "seeds"
-    repeats = list(range(int(data["splits"]))) if protocol == "splits" else [int(s) for s in data.get("seeds", [0])]
+    repeats = list(range(_splits(data["splits"], path))) if protocol == "splits" else _seeds(data.get("seeds", [0]),
+                                                                                               path)
+    split_fraction = _split_fraction(data.get("split_fraction", 0.5), path)
+    out = data.get("out", f"runs/studies/{name}")
+    if not isinstance(out, str) or not out.strip():
+        raise ConfigError(f"study file {path}: 'out' must be a folder's path, got {out!r}")
     all_embeddings = data.get("all_embeddings", False)
     if not isinstance(all_embeddings, bool):
         raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
@@ -194,14 +244,18 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
         if reference not in variants:
             raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
                               + variant_hint(reference, variants))
-    spec = StudySpec(name=name, base=base, out=Path(data.get("out", f"runs/studies/{name}")),
+    spec = StudySpec(name=name, base=base, out=Path(out),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
-                     protocol=protocol, split_fraction=float(data.get("split_fraction", 0.5)),
+                     protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
                      record=Path(record) if record is not None else None, compare=compare)
-    for run in spec.runs():  # every run's config must be valid before anything starts
+    failing = {}  # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
+    for run in spec.runs():
         try:
             build_config(*run.layers)
         except ConfigError as error:
-            raise ConfigError(f"study file {path}, run {run.name}: {error}") from None
+            failing[run.name] = error
+    if failing and len(failing) == len(spec.runs()):
+        name, error = next(iter(failing.items()))
+        raise ConfigError(f"study file {path}, run {name}: {error}")
     return spec
