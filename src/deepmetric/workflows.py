@@ -46,7 +46,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     part = table.split("test")
     embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress), desc="embedding test")
     metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
-                            config.eval.engine)
+                            config.eval.engine, progress)
     record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
     atomic_write_text(run.test_metrics_of(checkpoint), to_json(record, indent=2))
     return record, embeddings
@@ -94,7 +94,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     test = embed_with_objective(model, objective, test_part, settings, desc="embedding test")
 
     def score(embeddings: np.ndarray) -> dict[str, float]:
-        return split_metrics(embeddings, test_part, recall_at, config.eval.nmi, config.eval.engine)
+        return split_metrics(embeddings, test_part, recall_at, config.eval.nmi, config.eval.engine, progress)
 
     rows = {name: score(values) for name, values in test.items()}
     rows.update(learner_summary(rows, model.head.individual_learners))

@@ -258,6 +258,6 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         gallery = _load_array(args.gallery[0], "gallery embeddings")
         gallery_labels = _load_array(args.gallery[1], "gallery labels")
     metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
-                                nmi=not args.no_nmi, engine=args.engine)
+                                nmi=not args.no_nmi, engine=args.engine, progress=not args.quiet)
     print(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
     return 0

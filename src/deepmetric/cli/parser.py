@@ -234,5 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kNN engine (auto: cuda where torch sees a GPU, else numpy's BLAS products on non-Intel CPUs, "
                         "where torch's MKL is slow, torch otherwise); all exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on a large ranking, no k-means line")
     p.set_defaults(func=commands.cmd_metrics)
     return parser

@@ -82,8 +82,8 @@ def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSe
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
-                  nmi: bool = True, engine: str = "auto") -> dict[str, float]:
-    """Metrics of one split's embeddings under its query/gallery flags.
+                  nmi: bool = True, engine: str = "auto", progress: bool = True) -> dict[str, float]:
+    """Metrics of one split's embeddings under its query/gallery flags (``progress``: as ``compute_metrics``).
 
     Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
     removed from its own ranking by index.
@@ -96,7 +96,8 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequ
     x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
     labels = torch.as_tensor(table.labels)
     return compute_metrics(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
-                           self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine)
+                           self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine,
+                           progress=progress)
 
 
 def evaluate(model: torch.nn.Module, table: RetrievalTable, split: str, settings: EmbedSettings,
@@ -119,4 +120,4 @@ def evaluate(model: torch.nn.Module, table: RetrievalTable, split: str, settings
     """
     part = table.split(split)
     embeddings = embed_table(model, part, settings, desc=f"embedding {split}", context=context)
-    return split_metrics(embeddings, part, recall_at or table.recall_at, nmi, engine)
+    return split_metrics(embeddings, part, recall_at or table.recall_at, nmi, engine, settings.progress)

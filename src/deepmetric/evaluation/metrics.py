@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DeepMetricError
+from ..progress import progress_bar
 from .knn import faiss_available, iter_knn
 
 log = logging.getLogger(__name__)
@@ -74,19 +75,29 @@ def relevant_counts(query_labels: torch.Tensor, gallery_labels: torch.Tensor,
     return r
 
 
-FAISS_KMEANS_FROM = 1000  # clusters; scikit-learn's k-means becomes impractically slow beyond
+SHOWN_FROM = 10**9
+"""Query x gallery pairs from which the ranking shows a progress bar (SOP's 60,502 x 60,502: seconds to a minute on
+a CPU), and embeddings x clusters from which NMI's k-means is announced (SOP: 11,316 clusters, 15 s)."""
+
+SKLEARN_SLOW_FROM = 200  # clusters: scikit-learn's k-means++ initialisation grows with clusters x points x width
+"""From this many clusters, NMI without faiss warns that it is slow (41 of 44 s on 3,264 x 512 with 816 clusters)."""
 
 
 def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
-    """k-means assignments: scikit-learn (one initialisation) below FAISS_KMEANS_FROM clusters, faiss' k-means
-    from there on when faiss is installed (SOP's 11,316 classes), scikit-learn otherwise."""
-    if n_clusters >= FAISS_KMEANS_FROM and faiss_available():
+    """k-means assignments for NMI: faiss' k-means (random initialisation, 20 iterations, seed ``seed``: what
+    pytorch-metric-learning's NMI runs) at every cluster count; scikit-learn's (one k-means++ initialisation) only
+    where faiss is not installed, with a warning from ``SKLEARN_SLOW_FROM`` clusters."""
+    if faiss_available():
         import faiss
 
-        kmeans = faiss.Kmeans(x.shape[1], n_clusters, niter=20, seed=seed, verbose=False)
-        kmeans.train(np.ascontiguousarray(x, dtype=np.float32))
-        return kmeans.index.search(np.ascontiguousarray(x, dtype=np.float32), 1)[1][:, 0]
-    if n_clusters >= FAISS_KMEANS_FROM:
+        points = np.ascontiguousarray(x, dtype=np.float32)
+        # min_points_per_centroid=1: faiss would otherwise print a warning on stderr whenever there are fewer
+        # than 39 points per cluster (every retrieval benchmark: 5 to 60 images per class)
+        kmeans = faiss.Kmeans(points.shape[1], n_clusters, niter=20, seed=seed, verbose=False,
+                              min_points_per_centroid=1)
+        kmeans.train(points)
+        return kmeans.index.search(points, 1)[1][:, 0]
+    if n_clusters >= SKLEARN_SLOW_FROM:
         log.warning("NMI: k-means with %d clusters by scikit-learn, because faiss is not installed; this is slow "
                     "(pip install faiss-cpu, or eval.nmi=false)", n_clusters)
     from sklearn.cluster import KMeans
@@ -108,8 +119,10 @@ def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.
 
 def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                     gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
-                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto") -> dict[str, float | None]:
-    """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring)."""
+                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto",
+                    progress: bool = True) -> dict[str, float | None]:
+    """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring); with ``progress``, the
+    ranking of a large split (``SHOWN_FROM`` pairs) shows a bar and a large NMI k-means is announced, on stderr."""
     recall_at = sorted({int(k) for k in recall_at})
     r = relevant_counts(query_labels, gallery_labels, self_index)
     valid = r > 0
@@ -124,8 +137,11 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     average_precision = torch.empty(len(r))
     r_precision = torch.empty(len(r))
     ranks = torch.arange(1, k + 1, dtype=torch.float32)
+    bar = progress_bar(total=len(r), desc="ranking", unit="query",
+                       disable=not progress or len(r) * gallery.shape[0] < SHOWN_FROM)
     for start, _, indices in iter_knn(query, gallery, k, self_index, memory_mb, engine):
         stop = start + len(indices)
+        bar.update(len(indices))
         relevant = gallery_labels[indices] == query_labels[start:stop, None]  # (b, k)
         first_hit[start:stop] = torch.where(relevant.any(dim=1), relevant.float().argmax(dim=1), k)
         r_block = r[start:stop].clamp_min(1)
@@ -137,7 +153,12 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     results = {f"recall@{kk}": float((first_hit[valid] < kk).float().mean()) for kk in recall_at}
     results["map@r"] = float(average_precision[valid].mean())
     results["r_precision"] = float(r_precision[valid].mean())
+    bar.close()
     if nmi:
+        classes = len(torch.unique(query_labels))
+        if progress and len(query_labels) * classes >= SHOWN_FROM // 1000:
+            log.info("NMI: k-means of %d embeddings into %d clusters (%s)", len(query_labels), classes,
+                     "faiss" if faiss_available() else "scikit-learn")
         score = nmi_score(query.numpy(), query_labels.numpy())
         if score != score:
             log.warning("NMI is undefined here (the %d queries hold %d classes; it needs 2 or more, and fewer "
@@ -151,7 +172,7 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
                       gallery: np.ndarray | torch.Tensor | None = None,
                       gallery_labels: np.ndarray | torch.Tensor | None = None,
                       recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True,
-                      engine: str = "auto") -> dict[str, float]:
+                      engine: str = "auto", progress: bool = False) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision and NMI (the module docstring defines them; thesis §2.6.2).
 
     Args:
@@ -164,6 +185,7 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
         nmi: also compute NMI (a k-means of the queries).
         engine: auto, torch, numpy, faiss or cuda: the speed changes, never the result (all exact; ``knn.py``
             on float rounding).
+        progress: on stderr, a bar over the ranking of a large split and a line before a large NMI k-means.
 
     Returns:
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` as fractions, the keys of
@@ -174,11 +196,12 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
     if gallery is None:
         if gallery_labels is not None:
             raise DeepMetricError("gallery labels given without gallery embeddings")
-        return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi, engine=engine)
+        return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi, engine=engine,
+                               progress=progress)
     if gallery_labels is None:
         raise DeepMetricError("gallery embeddings given without gallery labels")
     g = _as_tensor(gallery, "gallery embeddings")
     gl = _as_labels(gallery_labels, g.shape[0], "gallery labels")
     if g.shape[1] != q.shape[1]:
         raise DeepMetricError(f"query embeddings have {q.shape[1]} dimensions, gallery embeddings {g.shape[1]}")
-    return compute_metrics(q, ql, g, gl, None, recall_at, nmi, engine=engine)
+    return compute_metrics(q, ql, g, gl, None, recall_at, nmi, engine=engine, progress=progress)

