@@ -236,3 +236,38 @@ def test_train_help_names_every_registered_plug_in():
     flat = " ".join(text.split()).replace("- ", "-")  # argparse wraps at hyphens
     for listed in (cli_parser.DATA_HELP, cli_parser.HEAD_HELP, cli_parser.LOSS_HELP, cli_parser.REGULARIZER_HELP):
         assert all(name.split(" ")[0] in flat for name in listed), text
+
+
+def test_file_names_with_terminal_escapes_reach_no_output_raw(tiny_run, tmp_path, capsys):
+    """Issue 39, item 24: `search` printed a file name's ESC sequence raw (it could clear or recolour the terminal).
+    Every result line goes through one escaping print, as error messages do; log lines are escaped as well."""
+    import logging
+
+    from deepmetric.cli import PrintableFormatter
+
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("L", (8, 8), 40).save(images / "red\x1b[31m.png")
+    Image.new("L", (8, 8), 90).save(images / "clear\x1b[2J\x9b.png")
+    index = tmp_path / "index"
+    code, out, err = run(capsys, "index", str(tiny_run), "--images", str(images), "--out", str(index), "--quiet")
+    assert code == 0, err
+    for argv in (["search", str(index), "--image", str(images / "red\x1b[31m.png"), "--k", "2"],
+                 ["search", str(index), "--image", str(images / "red\x1b[31m.png"), "--k", "2", "--json"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and "\x1b" not in out + err and "\x9b" not in out + err
+        assert "red\\x1b[31m.png" in out or "red\\u001b[31m.png" in out  # text, or JSON's own escape
+    record = logging.LogRecord("deepmetric", logging.WARNING, __file__, 1, "skipped %s", ("a\x1b[2Jb.png",), None)
+    assert PrintableFormatter("%(message)s").format(record) == "skipped a\\x1b[2Jb.png"
+
+
+def test_every_command_prints_its_results_through_the_escaping_print():
+    """The mechanism of item 24: no bare print() in the commands, only `say` (and stderr in main, escaped)."""
+    import inspect
+    import re
+
+    from deepmetric.cli import commands
+
+    source = inspect.getsource(commands)
+    calls = re.findall(r"(?<![\w.])print\(", source)
+    assert len(calls) == 1 and "def say(" in source  # the one inside say itself

@@ -159,6 +159,48 @@ def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp
     assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
 
 
+def test_a_study_holds_each_run_from_its_training_through_its_evaluation(tmp_path, monkeypatch, caplog):
+    """Issue 39, item 19: the run folder was free between training and evaluation, and a second study process
+    resumed the run there (a bogus session) and evaluated it again. Now the folder is held while it is evaluated,
+    and a run that another process finished while this one looked is not trained or evaluated again."""
+    import os
+
+    import deepmetric.studies.runner as runner
+    from deepmetric.training.run_dir import RunDir
+
+    held_while_evaluated = []
+    evaluate = runner.evaluate_run
+
+    def evaluate_and_look(directory, **kwargs):
+        held_while_evaluated.append(RunDir(directory).holder())
+        return evaluate(directory, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_run", evaluate_and_look)
+    spec = load_study(write_study(tmp_path))
+    run_study(spec, progress=False)
+    assert held_while_evaluated == [str(os.getpid())] * 2
+    for run in spec.runs():
+        assert RunDir(spec.run_dir(run)).holder() is None  # released after
+        assert len(RunDir(spec.run_dir(run)).sessions()) == 1
+
+    first = spec.run_dir(spec.runs()[0])  # "another process" finishes it after this one's two looks before holding
+    looked, stale = runner.finished, [2]
+
+    def finished_later(folder, **kwargs):
+        if folder.path == first and not kwargs and stale[0]:
+            stale[0] -= 1
+            return False
+        return looked(folder, **kwargs)
+
+    monkeypatch.setattr(runner, "finished", finished_later)
+    trained = []
+    monkeypatch.setattr(runner, "train", lambda config, directory, **kw: trained.append(directory))
+    with caplog.at_level("INFO", logger="deepmetric"):
+        run_study(spec, progress=False)
+    assert f"{spec.runs()[0].name}: finished by another process" in caplog.text
+    assert trained == [] and len(held_while_evaluated) == 2
+
+
 def test_best_mean_of_each_column_is_bold(tmp_path):
     from deepmetric.studies.aggregate import markdown
 

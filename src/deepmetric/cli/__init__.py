@@ -15,6 +15,14 @@ from .parser import build_parser
 __all__ = ["build_parser", "main"]
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log records as text with control characters escaped (``printable``): a file name holding an escape
+    sequence, quoted in a warning, must not drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -25,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(message)s"))  # log lines quote file names: escape what they hold
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler])
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: noise for users
     try:
         return args.func(args)
     except TrainingInterrupted as stopped:
-        print(str(stopped), file=sys.stderr)
+        print(printable(str(stopped)), file=sys.stderr)
         return 128 + stopped.signum
     except DeepMetricError as error:
         print(f"error: {printable(str(error))}", file=sys.stderr)

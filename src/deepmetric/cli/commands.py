@@ -22,6 +22,12 @@ def printable(text: str) -> str:
     return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
+def say(text: object) -> None:
+    """Print one result to standard output, control characters escaped (``printable``): every command's output
+    goes through here, since results quote file names (``search`` printed an ESC sequence in one raw)."""
+    print(printable(str(text)))
+
+
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags: dict[str, Any] = {}
     pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
@@ -54,6 +60,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         base = load_yaml(args.config) if args.config else {}
         config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
+    from ..data import check_data_path
+
+    check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
     from ..training import train
     from ..workflows import add_regularizers, evaluate_run_embeddings, results_table
 
@@ -67,31 +76,31 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         started = time.perf_counter()
         launch(config, out, args.nproc, resume=args.resume, progress=not args.quiet)
-        print(f"trained {config.train.steps} steps with {args.nproc} processes in "
+        say(f"trained {config.train.steps} steps with {args.nproc} processes in "
               f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
     else:
         result = train(config, out, resume=args.resume, progress=not args.quiet)
-        print(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
+        say(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
-            print(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+            say(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
     from ..distributed import rank_from_env
 
     if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
         return 0
     if not args.no_test:
         record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)
-        print(results_table(out, record))
+        say(results_table(out, record))
         if config.eval.report:
             from ..report import build_report
 
-            print(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
+            say(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report import build_report
 
-    print(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
+    say(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
     return 0
 
 
@@ -104,10 +113,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
         record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
                                          progress=not args.quiet)
-        print(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
+        say(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
         return 0
     record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
-    print(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
+    say(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
     return 0
 
 
@@ -116,7 +125,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     out, paths, n = embed_images(args.run_dir, args.images, args.out, which=args.checkpoint,
                                  batch_size=args.batch_size, progress=not args.quiet)
-    print(f"wrote {n} embeddings to {out} (image paths in {paths})")
+    say(f"wrote {n} embeddings to {out} (image paths in {paths})")
     return 0
 
 
@@ -126,10 +135,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
     kind = "study" if args.studies else "config"
     presets = list_presets(args.pattern, kind)
     if args.json:
-        print(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
+        say(to_json([{"name": p.name, "kind": p.kind, "path": str(p.path), "reproduces": p.reproduces}
                        for p in presets], indent=2))
     else:
-        print(format_presets(presets, kind))
+        say(format_presets(presets, kind))
     return 0
 
 
@@ -137,7 +146,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..export import export_run
 
     result = export_run(args.run_dir, args.out, format=args.format, which=args.checkpoint)
-    print(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
+    say(f"exported {result.format} to {result.model} ({result.embedding_dim}-d embeddings of "
           f"{result.image_size} x {result.image_size} RGB images, any batch size; input size and normalisation in "
           f"{result.metadata}); its embeddings differ from PyTorch's by at most {result.max_error:.1e}")
     return 0
@@ -150,7 +159,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                           add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
                           batch_size=args.batch_size, progress=not args.quiet)
     skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
-    print(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
+    say(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
           f"{result.count} images ({result.kind} index)")
     return 0
 
@@ -161,12 +170,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     searcher = Searcher(args.index_dir)
     hits = searcher.search_file(args.image, args.k)
     if args.json:
-        print(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
+        say(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
     else:
         width = max(len(h.name) for h in hits)
-        print(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
+        say(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
         for rank, hit in enumerate(hits, 1):
-            print(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
+            say(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
     return 0
 
 
@@ -193,7 +202,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         from ..studies.dry_run import dry_run, format_dry_run
 
         rows = dry_run(spec)
-        print(format_dry_run(spec, rows))
+        say(format_dry_run(spec, rows))
         failing = [f"{row.run} / {row.repeat}" for row in rows if not row.ok]
         if failing:
             raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
@@ -201,10 +210,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
     paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed)
-    print(paths["md"].read_text())
-    print(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
+    say(paths["md"].read_text())
+    say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
     if "embeddings_md" in paths:
-        print(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
+        say(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
     return 0
 
 
@@ -217,12 +226,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.images:
         written = explain_images(args.run_dir, args.images, args.out, which=args.checkpoint,
                                  batch_size=args.batch_size, progress=not args.quiet)
-        print(f"wrote {len(written)} attention overlays to {args.out}")
+        say(f"wrote {len(written)} attention overlays to {args.out}")
     if args.data:
         spec = None if args.data is True else args.data
         path = explain_dataset(args.run_dir, args.out, data_spec=spec, split=args.split, top=args.top,
                                which=args.checkpoint, batch_size=args.batch_size, progress=not args.quiet)
-        print(f"wrote the top {args.top} {args.split} images per group to {path}")
+        say(f"wrote the top {args.top} {args.split} images per group to {path}")
     return 0
 
 
@@ -259,5 +268,5 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         gallery_labels = _load_array(args.gallery[1], "gallery labels")
     metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
                                 nmi=not args.no_nmi, engine=args.engine, progress=not args.quiet)
-    print(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
+    say(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
     return 0

@@ -120,13 +120,18 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
                          ", ".join(changed[run.name]), _set_aside(directory))
             if not trained:
                 config = build_config(*run.layers)  # a variant's bad setting fails this run only, before its folder
-                resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
-                log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
-                train(config, directory, resume=resume, progress=progress)
-                evaluate_run(directory, progress=progress)
-            if spec.all_embeddings:
-                log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
-                evaluate_all_embeddings(directory, progress=progress)
+            with folder.holding():  # held from training through evaluation: another study process leaves it be
+                if not trained and finished(folder):  # another process finished it while this one looked
+                    log.info("[%d/%d] %s: finished by another process", number, len(runs), run.name)
+                    trained = True
+                if not trained:
+                    resume = folder.last.is_file()  # without one, train() restarts a run that stopped before it
+                    log.info("[%d/%d] %s: %s", number, len(runs), run.name, "resuming" if resume else "training")
+                    train(config, directory, resume=resume, progress=progress)
+                    evaluate_run(directory, progress=progress)
+                if spec.all_embeddings and not finished(folder, all_embeddings=True):
+                    log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
+                    evaluate_all_embeddings(directory, progress=progress)
             if record is not None:
                 record_run(folder, record)
         except RunInUse as busy:

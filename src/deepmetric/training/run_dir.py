@@ -45,6 +45,11 @@ FIXED_ON_RESUME = ("model.", "loss.", "generator.", "train.groups")
 FREE_ON_RESUME = ("model.weights", "model.trust_pickle", "model.pretrained")
 
 
+_HELD_HERE: set[str] = set()
+"""Run folders this process holds through ``RunDir.holding`` (real paths): a claim on one of them nests, where flock
+would refuse a second open file of the same process."""
+
+
 def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
@@ -190,7 +195,10 @@ class RunDir:
         process ends or dies. A second training into the same folder is refused naming the holder's PID (two
         trainings into one ``--out`` both ran and interleaved their logs, configs and checkpoints). The lock file is
         opened without following a symbolic link (one planted there had the file it points to overwritten with the
-        PID): a link or a FIFO there is refused, naming it."""
+        PID): a link or a FIFO there is refused, naming it. Inside ``holding`` by this process, a claim nests."""
+        if os.path.realpath(self.path) in _HELD_HERE:
+            yield
+            return
         if self.path.exists() and not self.path.is_dir():
             raise DeepMetricError(f"{self.path} is a file, not a run folder; choose another --out")
         created = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
@@ -222,6 +230,19 @@ class RunDir:
                 self.lock_path.unlink()
                 for folder in created:  # deepest first
                     folder.rmdir()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """``claimed`` for a sequence of steps on one run (a study: training, then its evaluation), within which
+        the steps' own claims (``train``'s) nest instead of being refused: the folder is never free in between,
+        so another process cannot resume or evaluate the run a second time."""
+        key = os.path.realpath(self.path)
+        with self.claimed():
+            _HELD_HERE.add(key)
+            try:
+                yield
+            finally:
+                _HELD_HERE.discard(key)
 
     def clear_failed_start(self) -> None:
         """Remove what a run that stopped before its first checkpoint wrote, so that it starts afresh."""
