@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -36,8 +37,11 @@ def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, ca
 
     manifest = json.loads((index / "index.json").read_text())
     assert manifest["format"] == "deepmetric-index-1" and manifest["count"] == 8 and manifest["embedding_dim"] == 16
-    assert manifest["model"]["run_dir"] == str(tiny_run.resolve()) and manifest["model"]["spec"]["backbone"] == "tiny"
-    assert manifest["sources"] == [str((tmp_path / "gallery").resolve())]
+    assert manifest["model"]["spec"]["backbone"] == "tiny"
+    assert manifest["sources"] == ["../gallery"]  # beside the index: kept relative to it (item 30)
+    assert manifest["origin"] == str(index.resolve())
+    assert read_manifest(index).model["run_dir"] == str(tiny_run.resolve())
+    assert read_manifest(index).sources == [str((tmp_path / "gallery").resolve())]
     names = {item["path"] for item in manifest["items"]}
     assert names == {f.relative_to(tmp_path / "gallery").as_posix() for f in files}  # relative, sorted order
     assert [item["id"] for item in manifest["items"]] == list(range(8))
@@ -286,3 +290,117 @@ def test_add_accepts_the_same_deml_run_whose_width_is_below_its_configured_size(
     code, out, err = run(capsys, "index", deml, "--images", tmp_path / "b", "--out", index, "--add", "--quiet")
     assert code == 0, err
     assert read_manifest(index).count == 5
+
+
+REMOVED = object()
+
+
+def edited(data: dict, keys: tuple, value) -> dict:
+    data = copy.deepcopy(data)
+    target = data
+    for key in keys[:-1]:
+        target = target[key]
+    if value is REMOVED:
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = value
+    return data
+
+
+def label_of(keys: tuple) -> str:
+    return ".".join(f"[{k}]" if isinstance(k, int) else k for k in keys).replace(".[", "[")
+
+
+OPTIONAL_KEYS = {"created_at", "updated_at", "embeddings_file", "faiss_file", "origin", "ivf_pq", "model.step"}
+
+
+def test_every_key_of_a_hand_edited_manifest_is_checked_when_read(tiny_run, tmp_path, capsys):
+    """Issue 39 item 17: an index.json without image_size or checkpoint_sha256, or with an item's source 7,
+    tracebacked in ``index --add`` (a KeyError naming the key, an IndexError). Every key (top level, the model
+    record, an item) removed and given a value no key accepts: ``index --add`` and ``search`` are exit 2 with one
+    line naming index.json and the key, or (an optional key removed) work."""
+    make_gallery(tmp_path / "gallery", 3)
+    make_gallery(tmp_path / "more", 2, seed=1, start=3)
+    index = tmp_path / "index"
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0
+    pristine = json.loads((index / "index.json").read_text())
+    backup = tmp_path / "backup"
+    shutil.copytree(index, backup)
+    query = tmp_path / "gallery" / pristine["items"][0]["path"]
+    keys = ([(k,) for k in pristine] + [("model", k) for k in pristine["model"]]
+            + [("items", 1, k) for k in pristine["items"][1]])
+    cases = [(k, REMOVED) for k in keys] + [(k, [[]]) for k in keys]
+    cases += [(("model", "image_size"), "16"), (("model", "checkpoint_sha256"), "0" * 64 + "0"),
+              (("items", 1, "source"), 7), (("items", 1, "source"), -1), (("items", 1, "source"), True),
+              (("items", 1, "id"), 2), (("items", 1, "path"), 5), (("items", 1, "path"), "../../etc/passwd"),
+              (("items", 1, "path"), "a\x00b"), (("items", 1, "path"), ""), (("items", 1), "img001.png"),
+              (("sources",), ["../gallery", 3]), (("sources",), "../gallery"), (("sources",), []),
+              (("count",), "3"), (("count",), 3.0), (("generation",), "1"), (("embedding_dim",), 16.5),
+              (("embedding_dim",), None), (("model", "spec"), None), (("model",), "tiny"), (("items",), {}),
+              (("origin",), "relative/folder"), (("ivf_pq",), {"nlist": 4, "m": 2, "nbits": 8, "nprobe": 2}),
+              (("kind",), "ivf-pq"), (("embeddings_file",), "../../elsewhere.safetensors"),
+              (("model", "run_dir"), ""), (("model", "step"), -3)]
+    for keys_, value in cases:
+        label = label_of(keys_)
+        (index / "index.json").write_text(json.dumps(edited(pristine, keys_, value)))
+        for argv in (("search", index, "--image", query), ("index", tiny_run, "--images", tmp_path / "more",
+                                                           "--out", index, "--add", "--quiet")):
+            code, _, err = run(capsys, *argv)
+            case = f"{argv[0]}: {label} = {'removed' if value is REMOVED else repr(value)}"
+            assert "Traceback" not in err, case
+            if value is REMOVED and label in OPTIONAL_KEYS:
+                assert code == 0, (case, err)
+                shutil.rmtree(index)  # undo an --add
+                shutil.copytree(backup, index)
+                (index / "index.json").write_text(json.dumps(edited(pristine, keys_, value)))
+                continue
+            assert code == 2, (case, err)
+            assert len(err.strip().splitlines()) == 1 and "index.json" in err, (case, err)
+            also = {"format": "is not a deepmetric index", "sources": "(sources is empty)"}.get(label, "\0")
+            assert label in err or also in err, (case, err)
+    named = {("model", "image_size"): "model.image_size is missing (expected an integer from 8 to 8192)",
+             ("model", "checkpoint_sha256"): "model.checkpoint_sha256 is missing (expected the checkpoint's SHA-256",
+             ("count",): "count is missing"}
+    for keys_, message in named.items():
+        (index / "index.json").write_text(json.dumps(edited(pristine, keys_, REMOVED)))
+        code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "more", "--out", index, "--add")
+        assert code == 2 and f"{index / 'index.json'} is a damaged index manifest: {message}" in err, err
+    (index / "index.json").write_text(json.dumps(edited(pristine, ("items", 1, "source"), 7)))
+    code, _, err = run(capsys, "search", index, "--image", query)
+    assert code == 2 and "items[1].source is 7 (expected an integer from 0 to 0 (an entry of sources))" in err, err
+    for text, message in (("[]", "it holds a list"), ("null", "it holds null"), ("7", "it holds a number"),
+                          ("[" * 100_000, "nests too deeply"), ('{"format": "deepmetric-index-1"', "not valid JSON")):
+        (index / "index.json").write_text(text)
+        code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "more", "--out", index, "--add")
+        assert code == 2 and message in err and "Traceback" not in err, (text[:20], err)
+    (index / "index.json").write_text(json.dumps(pristine))
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "more", "--out", index, "--add", "--quiet")[0] == 0
+    assert read_manifest(index).count == 5
+
+
+def test_an_index_written_with_absolute_paths_still_loads_and_names_no_absolute_path(tiny_run, tmp_path, capsys):
+    """Issue 39 item 30: indexes written before paths were kept relative (absolute run, checkpoint and sources, no
+    origin; an item outside its list's folder stored absolute) still search, and a result never names a folder of
+    the server (the absolute item shows its file name). ``--add`` writes the index again with relative paths."""
+    files = make_gallery(tmp_path / "gallery", 4)
+    index = tmp_path / "index"
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0
+    data = json.loads((index / "index.json").read_text())
+    data["model"]["run_dir"] = str(tiny_run.resolve())
+    data["model"]["checkpoint"] = str((tiny_run / "checkpoints" / "last.safetensors").resolve())
+    data["sources"] = [str((tmp_path / "gallery").resolve())]
+    del data["origin"]
+    outside = data["items"][2]["path"]
+    data["items"][2]["path"] = str((tmp_path / "gallery" / outside).resolve())
+    (index / "index.json").write_text(json.dumps(data, indent=1))
+    for item in data["items"]:
+        file = item["path"] if item["path"].startswith("/") else tmp_path / "gallery" / item["path"]
+        hits = search_json(capsys, index, file, k=4)
+        assert hits[0]["id"] == item["id"] and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+        assert all(not h["name"].startswith("/") and str(tmp_path) not in h["name"] for h in hits)
+    assert {h["name"] for h in hits} == {*(i["path"] for i in data["items"] if i["id"] != 2), outside.split("/")[-1]}
+    make_gallery(tmp_path / "more", 1, seed=2, start=4)
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "more", "--out", index, "--add", "--quiet")[0] == 0
+    again = json.loads((index / "index.json").read_text())
+    assert again["sources"] == ["../gallery", "../more"] and again["model"]["run_dir"].startswith("../")
+    assert again["origin"] == str(index.resolve()) and read_manifest(index).image_path(0) == files[0].resolve()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
+import logging
+import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -371,3 +375,123 @@ def test_the_names_answered_follow_the_bound_host_and_allowed_hosts(searcher, ga
     assert main(["serve", "no-such.index", "--allowed-hosts", "evil host"]) == 2
     err = capsys.readouterr().err
     assert "--allowed-hosts: 'evil host' is not a host name or address" in err and "no-such" not in err
+
+
+def test_serve_refuses_a_damaged_manifest_and_damaged_stored_data_is_json_without_a_traceback(
+        gallery_index, tmp_path, monkeypatch, capsys, caplog):
+    """Issue 39 item 17: ``serve`` loaded an index.json with an item's ``source: 7`` and answered ``GET /images/0``
+    with a 500 and a traceback in its log. It refuses to start, naming the file and the key; and stored data that
+    goes bad after the checks (a record changed in memory, a gallery file that became a FIFO, a folder or a file
+    its decoder fails on in any way) answers JSON without a path, with one log line and no traceback."""
+    import deepmetric.retrieval.service as service
+    import deepmetric.retrieval.uploads as uploads
+
+    index = tmp_path / "index"
+    shutil.copytree(gallery_index[0], index)  # moved: its gallery is found from where it was written (item 30)
+    pristine = json.loads((index / "index.json").read_text())
+    started = []
+    monkeypatch.setattr(service.uvicorn, "Server", lambda config: started.append(config.app) or
+                        type("NotRun", (), {"run": lambda self: None})())
+    edits = {"items[0].source is 7": lambda d: d["items"][0].update(source=7),
+             "items[2].path is 5": lambda d: d["items"][2].update(path=5),
+             "model.image_size is missing": lambda d: d["model"].pop("image_size"),
+             "model.checkpoint_sha256 is missing": lambda d: d["model"].pop("checkpoint_sha256"),
+             "sources is": lambda d: d.update(sources={"0": "gallery"})}
+    for message, edit in edits.items():
+        data = json.loads(json.dumps(pristine))
+        edit(data)
+        (index / "index.json").write_text(json.dumps(data))
+        assert main(["serve", str(index)]) == 2
+        err = capsys.readouterr().err
+        assert f"{index / 'index.json'} is a damaged index manifest: {message}" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1 and not started, message
+    (index / "index.json").write_text(json.dumps(pristine))
+    assert main(["serve", str(index)]) == 0 and len(started) == 1
+
+    damaged = Searcher(index)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    os.mkfifo(odd / "fifo.png")  # opening it blocked a worker for good
+    (odd / "folder.png").mkdir()
+    damaged.manifest.sources.append(str(odd))
+    damaged.manifest.items[0]["source"] = 7
+    damaged.manifest.items[1]["path"] = 5
+    damaged.manifest.items[2].update(source=1, path="fifo.png")
+    damaged.manifest.items[3].update(source=1, path="folder.png")
+
+    def decoder_bug(*_):
+        raise ZeroDivisionError("a decoder's bug on a crafted file")
+
+    monkeypatch.setattr(uploads, "thumbnail_jpeg", decoder_bug)
+    caplog.set_level(logging.WARNING, logger="deepmetric.serve")
+    with TestClient(create_app(damaged, ServiceLimits(timeout_s=5)), base_url="http://127.0.0.1:8000") as client:
+        for item, status, fragment in ((0, 500, "stored data for this request is damaged"), (1, 500, "damaged"),
+                                       (2, 404, "no longer readable"), (3, 404, "no longer readable"),
+                                       (4, 404, "no longer readable")):
+            response = client.get(f"/images/{item}")
+            assert_json_error(response, status, fragment)
+            assert str(tmp_path) not in response.text and "/" not in response.json()["error"], item
+    assert all(record.exc_info is None for record in caplog.records), [r.getMessage() for r in caplog.records]
+    assert "Traceback" not in caplog.text and len(caplog.records) == 5
+    assert "item 0's record is damaged (IndexError" in caplog.text
+
+
+def test_a_moved_index_searches_and_serves_and_no_answer_holds_a_server_path(tiny_run, tmp_path, capsys):
+    """Issue 39 item 30: an index kept its run, checkpoint and galleries as absolute paths (a moved index lost them)
+    and results could carry absolute server paths. Its paths are kept relative to the index folder, and looked up
+    from where it was written too: moved alone, or moved with what it refers to (with its run and galleries beside
+    it, as on another machine), it searches and serves, and no answer names a folder of the old place."""
+    site = tmp_path / "site"
+    run_dir = site / "runs" / "r"
+    shutil.copytree(tiny_run, run_dir)
+    gallery = make_gallery(site / "gallery", 4)
+    more = make_gallery(site / "more", 2, seed=1, start=4)
+    (site / "lists").mkdir()
+    listing = site / "lists" / "more.txt"  # entries outside the list's folder: relative to the folder holding them
+    listing.write_text("".join(f"../more/{f.relative_to(site / 'more').as_posix()}\n" for f in more))
+    index = site / "index"
+    assert main(["index", str(run_dir), "--images", str(site / "gallery"), "--out", str(index), "--quiet"]) == 0
+    assert main(["index", str(run_dir), "--images", str(listing), "--out", str(index), "--add", "--quiet"]) == 0
+    capsys.readouterr()
+    stored = json.loads((index / "index.json").read_text())
+    assert stored["model"]["run_dir"] == "../runs/r"
+    assert stored["model"]["checkpoint"] == "../runs/r/checkpoints/last.safetensors"
+    assert stored["sources"] == ["../gallery", "../more"]
+    names = [f.relative_to(site / "gallery").as_posix() for f in gallery] + [f.relative_to(site / "more").as_posix()
+                                                                             for f in more]
+    assert sorted(item["path"] for item in stored["items"]) == sorted(names)
+
+    def answers(index_dir, files):
+        """Every answer of ``search --json`` and of the service for ``index_dir``, queried with ``files``."""
+        texts = []
+        for file in files:
+            assert main(["search", str(index_dir), "--image", str(file), "--k", "6", "--json"]) == 0
+            results = json.loads(capsys.readouterr().out)["results"]
+            assert results[0]["score"] == pytest.approx(1.0, abs=1e-4)
+            texts.append(json.dumps(results))
+        with TestClient(create_app(Searcher(index_dir), LIMITS), base_url="http://127.0.0.1:8000") as client:
+            texts.append(client.get("/health").text)
+            for file in files:
+                response = post_image(client, file.read_bytes(), k=6)
+                assert response.status_code == 200 and response.json()["results"][0]["score"] > 0.999
+                texts.append(response.text)
+            for item in range(6):
+                response = client.get(f"/images/{item}")
+                assert response.status_code == 200 and response.headers["content-type"] == "image/jpeg", item
+        assert {r["name"] for r in json.loads(texts[0])} == set(names)
+        return "\n".join(texts)
+
+    alone = tmp_path / "elsewhere" / "deeper" / "index"  # the index alone: its run and galleries stayed
+    alone.parent.mkdir(parents=True)
+    shutil.move(index, alone)
+    text = answers(alone, [gallery[0], more[1]])
+    assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text
+
+    shutil.move(alone, index)
+    moved = tmp_path / "another-machine" / "srv"  # everything, to a place where the old one does not exist
+    moved.parent.mkdir()
+    shutil.move(site, moved)
+    assert not site.exists()
+    text = answers(moved / "index", [moved / "gallery" / gallery[1].relative_to(site / "gallery"),
+                                     moved / "more" / more[0].relative_to(site / "more")])
+    assert str(site) not in text and str(site.resolve()) not in text and str(tmp_path) not in text

@@ -35,16 +35,20 @@ class IndexResult:
 
 def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
     """``(root, files)``: a folder (every image below it), one image, or a text file listing one path a line
-    (relative to the list's folder; blank lines and ``#`` comments ignored)."""
+    (relative to the list's folder; blank lines and ``#`` comments ignored). ``root`` is the gallery folder, which
+    holds every file: the folder, the image's folder, or the list's folder (the folder holding all its files when
+    some lie outside it). Files are absolute, their folders' links resolved, so that an item's path below ``root``
+    is the name it was found by."""
     images = Path(images)
     if images.is_file() and images.suffix.lower() in LIST_SUFFIXES:
-        root = images.parent.resolve()
+        folder = images.parent.resolve()
         files = []
         for number, line in enumerate(images.read_text().splitlines(), 1):
             entry = line.strip()
             if not entry or entry.startswith("#"):
                 continue
-            file = (root / entry).resolve()
+            named = folder / entry
+            file = named.parent.resolve() / named.name
             if not file.is_file():
                 raise DataError(f"{images} line {number}: {entry} is not a file")
             if file.suffix.lower() not in IMAGE_EXTENSIONS:
@@ -52,19 +56,28 @@ def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
             files.append(file)
         if not files:
             raise DataError(f"{images} lists no image")
-        return root, files
-    files = [f.resolve() for f in list_images(images)]
-    root = images.resolve() if images.is_dir() else images.resolve().parent
-    return root, files
+        inside = all(file.is_relative_to(folder) for file in files)
+        return (folder if inside else Path(os.path.commonpath([file.parent for file in files]))), files
+    found = list_images(images)
+    if images.is_dir():
+        root = images.resolve()
+        return root, [root / file.relative_to(images) for file in found]
+    file = images.parent.resolve() / images.name
+    return file.parent, [file]
 
 
 def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
-    """An item for ``file``: its path relative to ``root`` when inside it, else absolute."""
-    try:
-        path = file.relative_to(root).as_posix()
-    except ValueError:
-        path = str(file)
-    return {"source": source, "path": path}
+    """An item for ``file``, which lies below ``root`` (``gallery_files``): its path relative to ``root``."""
+    return {"source": source, "path": file.relative_to(root).as_posix()}
+
+
+def same_file_key(path: Path, folders: dict[str, str]) -> str:
+    """``path`` with its folder's links resolved (``folders`` caches them): what tells two names of one file apart
+    from two files when ``--add`` skips images already indexed."""
+    folder = str(path.parent)
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder)
+    return os.path.join(folders[folder], path.name)
 
 
 def file_sha256(path: Path) -> str:
@@ -76,7 +89,8 @@ def file_sha256(path: Path) -> str:
 
 
 def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:
-    """What an index remembers of its model: where it is, what it is, and the checkpoint's digest."""
+    """What an index remembers of its model: where it is (absolute here; ``index.json`` keeps it relative to the
+    index folder, ``store.stored_path``), what it is, and the checkpoint's digest."""
     state = checkpoint_state(checkpoint)
     return {"run_dir": str(Path(run_dir).resolve()), "checkpoint": str(checkpoint.resolve()),
             "checkpoint_sha256": file_sha256(checkpoint), "step": state.get("step"), "spec": state["model_spec"],
@@ -114,7 +128,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
     model_info = model_record(run_dir, checkpoint, config.data.image_size, config.data.test_resize)
     manifest = None
     if add:
-        manifest = read_manifest(out)
+        manifest = read_manifest(out, model=True)
         check_same_model(manifest, model_info, out)
     elif (out / "index.json").exists():
         raise IndexStoreError(f"{out} already holds an index; add images to it with --add, or choose another --out")
@@ -122,8 +136,9 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
     root, files = gallery_files(images)
     skipped = 0
     if manifest is not None:
-        known = {str(p) for i in range(manifest.count) if (p := manifest.image_path(i)) is not None}
-        fresh = [f for f in files if str(f) not in known]
+        folders: dict[str, str] = {}
+        known = {same_file_key(p, folders) for i in range(manifest.count) if (p := manifest.image_path(i)) is not None}
+        fresh = [f for f in files if same_file_key(f, folders) not in known]
         skipped = len(files) - len(fresh)
         files = fresh
         if not files:
@@ -144,14 +159,14 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
         create_index(out, manifest, embeddings, index)
         return IndexResult(out, len(files), 0, manifest.count, kind)
     with locked(out):
-        current = read_manifest(out)
+        current = read_manifest(out, model=True)
         check_same_model(current, model_info, out)
         sources = list(current.sources)
         if str(root) not in sources:
             sources.append(str(root))
         source = sources.index(str(root))
         new_items = [relative_item(f, root, source) for f in files]
-        updated = append_to_index(out, current, embeddings, new_items, sources)
+        updated = append_to_index(out, current, embeddings, new_items, sources, model_info)
     return IndexResult(out, len(files), skipped, updated.count, updated.kind)
 
 

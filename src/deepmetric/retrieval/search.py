@@ -19,12 +19,13 @@ from ..data.transforms import TestTransform
 from ..errors import IndexStoreError
 from ..training.run_dir import model_from_checkpoint
 from .build import file_sha256
-from .store import MANIFEST, IndexManifest, check_model_record, read_embeddings, read_faiss, read_manifest
+from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
 
 
 @dataclass
 class Hit:
-    """One result: the gallery item's id, its name (path relative to its gallery folder) and cosine score."""
+    """One result: the gallery item's id, its name (path relative to its gallery folder, never an absolute path)
+    and cosine score."""
 
     id: int
     name: str
@@ -37,9 +38,9 @@ class Hit:
 class IndexSearcher:
     """Nearest neighbours of vectors in an index (no model; see ``Searcher`` for images)."""
 
-    def __init__(self, index_dir: str | Path):
+    def __init__(self, index_dir: str | Path, model: bool = False):
         self.index_dir = Path(index_dir)
-        self.manifest: IndexManifest = read_manifest(self.index_dir)
+        self.manifest: IndexManifest = read_manifest(self.index_dir, model=model)
         self.index = read_faiss(self.index_dir, self.manifest)
         self.exact = read_embeddings(self.index_dir, self.manifest) if self.manifest.kind == "ivf-pq" else None
 
@@ -74,13 +75,13 @@ class Searcher(IndexSearcher):
     """An index with its model: search by image (array or file)."""
 
     def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
-        super().__init__(index_dir)
-        check_model_record(self.manifest, self.index_dir / MANIFEST)
+        super().__init__(index_dir, model=True)  # the model record checked, its paths found where the index is now
         model_info = self.manifest.model
         checkpoint = Path(model_info["checkpoint"])
         if not checkpoint.is_file():
             raise IndexStoreError(f"the index's model checkpoint {checkpoint} is missing (moved or deleted run "
-                                  "directory?); rebuild the index or restore the run")
+                                  "directory? it is looked for where it lay relative to the index folder, then where "
+                                  "the index was written); restore the run or rebuild the index")
         if verify_checkpoint and file_sha256(checkpoint) != model_info["checkpoint_sha256"]:
             raise IndexStoreError(f"{checkpoint} has changed since {self.index_dir} was built (the run was trained "
                                   "further?): queries would be embedded by another model; rebuild the index")

@@ -11,7 +11,9 @@ searches run at once with at most ``queue`` more waiting, beyond which the answe
 takes longer than ``timeout_s`` is answered 503 (its worker finishes in the background and still counts
 against the limit). A connection must send its request head within ``header_timeout_s`` and its body within
 ``body_timeout_s`` (408), and at most ``max_connections`` are served at once (``connections``). Every error is
-JSON ``{"error": "..."}``; bad input always gets a 4xx.
+JSON ``{"error": "..."}``; bad input always gets a 4xx. No answer holds a path of the server: results name gallery
+items by their path below their gallery folder (``IndexManifest.name``), and damaged stored data is a 500 whose
+message names no file (the log has one line naming it, no traceback).
 
 Only requests for the names the service is bound to are answered (``HostCheck``): a page of another site whose
 name is made to resolve to 127.0.0.1 (DNS rebinding) could otherwise read results and thumbnails from the loopback
@@ -42,7 +44,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from ..errors import DeepMetricError, UploadError
+from ..errors import DeepMetricError, IndexStoreError, UploadError
 from ..io import to_json
 from .connections import uvicorn_config
 from .hosts import HostCheck, is_loopback
@@ -276,6 +278,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     hosts = hosts or HostCheck()
     gate = Gate(limits.workers, limits.queue, limits.timeout_s)
     thumbnails = ThumbnailCache(limits.thumbnail_cache)
+    unreadable: set[int] = set()  # gallery items whose file could not be read, reported once each
     manifest = searcher.manifest
 
     @asynccontextmanager
@@ -314,6 +317,11 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     async def too_slow(_: Request, exc: BodyTooSlow) -> JSONResponse:
         return error(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
 
+    @app.exception_handler(IndexStoreError)
+    async def damaged(request: Request, exc: IndexStoreError) -> JSONResponse:
+        log.error("%s %s: %s", request.method, request.url.path[:200], exc)  # one line; the client gets no path
+        return error(500, "the index's stored data for this request is damaged (the server's log names the problem)")
+
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
@@ -350,13 +358,29 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
         results = await gate.run(search_job, data, k)
         return {"k": k, "results": results, "took_ms": round(1000 * (time.perf_counter() - started), 1)}
 
+    def gallery_file(item_id: int) -> str:
+        """The file of a gallery item: what the index stores for it is data read from disk, so a failure here is
+        damage to be reported in one line (``IndexStoreError``), not a bug's traceback."""
+        try:
+            path = manifest.image_path(item_id)
+        except Exception as failure:  # a record changed in memory after it was checked (the checks run on read)
+            raise IndexStoreError(f"item {item_id}'s record is damaged ({type(failure).__name__}: {failure})") \
+                from None
+        if path is None:
+            raise UploadError(f"image {item_id} has no file in this index", 404)
+        return str(path)
+
     def thumbnail_job(item_id: int) -> bytes:
         cached = thumbnails.get(item_id)
         if cached is None:
-            path = manifest.image_path(item_id)
-            if path is None:
-                raise UploadError(f"image {item_id} has no file in this index", 404)
-            cached = gallery_thumbnail(str(path), limits.thumbnail_px, limits.max_pixels)
+            path = gallery_file(item_id)
+            try:
+                cached = gallery_thumbnail(path, limits.thumbnail_px, limits.max_pixels)
+            except UploadError as refusal:
+                if item_id not in unreadable:  # once per item: a client asking again cannot flood the log
+                    unreadable.add(item_id)
+                    log.warning("thumbnail of item %d (%s): %s", item_id, path, refusal)
+                raise
             thumbnails.put(item_id, cached)
         return cached
 

@@ -10,6 +10,7 @@ declares 50,000 x 50,000 is a few hundred bytes and would need 7.5 GB decoded). 
 from __future__ import annotations
 
 import io
+import os
 import warnings
 
 import numpy as np
@@ -89,7 +90,11 @@ def thumbnail_jpeg(image: Image.Image, size: int) -> bytes:
 
 
 def gallery_thumbnail(path: str, size: int, max_pixels: int) -> bytes:
-    """A JPEG thumbnail of an indexed gallery file (any format PIL reads, within ``max_pixels``)."""
+    """A JPEG thumbnail of an indexed gallery file (any format PIL reads, within ``max_pixels``). The file is stored
+    data that may have changed since it was indexed: anything but a regular file PIL reads (a folder or a FIFO,
+    which would block the worker, a file PIL fails on in any way) is 404 "no longer readable"."""
+    if not os.path.isfile(path):
+        raise UploadError("the gallery image is no longer readable", 404)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -100,6 +105,5 @@ def gallery_thumbnail(path: str, size: int, max_pixels: int) -> bytes:
             return thumbnail_jpeg(image, size)
     except UploadError:
         raise
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning):
+    except Exception:  # any decoder failure on a stored file is its damage, not the service's bug
         raise UploadError("the gallery image is no longer readable", 404) from None
