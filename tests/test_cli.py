@@ -271,3 +271,196 @@ def test_every_command_prints_its_results_through_the_escaping_print():
     source = inspect.getsource(commands)
     calls = re.findall(r"(?<![\w.])print\(", source)
     assert len(calls) == 1 and "def say(" in source  # the one inside say itself
+
+
+def test_a_run_name_never_leaves_runs_and_a_failed_start_removes_only_what_it_made(tmp_path, capsys, monkeypatch):
+    """Issue 39, item 3: the default run name was built from the unchecked --data and --backbone text: `timm:../../..`
+    named a folder outside runs/ and the failed start's clean-up removed folders it had not made, then a second
+    traceback. Unknown names are refused before anything is made; every generated name part is cut to safe
+    characters; the clean-up removes only the folders this start created."""
+    from types import SimpleNamespace
+
+    from deepmetric.cli.commands import default_run_name
+    from deepmetric.training.run_dir import RunDir
+
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    keep = tmp_path / "keepme"
+    keep.mkdir()
+    monkeypatch.chdir(work)
+    for argv in (["--data", "evil/../../../../keepme/z", "--backbone", "tiny"],
+                 ["--data", "digits", "--backbone", "timm:../../.."],
+                 ["--data", "digits", "--backbone", "timm:../../../keepme"]):
+        code, out, err = run(capsys, "train", *argv, "--steps", "1", "--quiet", "model.pretrained=false")
+        assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+        assert not (work / "runs").exists() and keep.is_dir() and sorted(tmp_path.iterdir()) == [tmp_path / "a", keep]
+    assert "timm has no model '../../..'" in err or "timm has no model '../../../keepme'" in err
+    config = SimpleNamespace(data=SimpleNamespace(spec="folder:/x/../../y"),
+                             model=SimpleNamespace(backbone="timm:../../..", head="g/../\x1b"))
+    name = default_run_name(config, now=0)
+    assert "/" not in name and ".." not in name and "\x1b" not in name and name.endswith("-folder-timm-g")
+    deep = RunDir(work / "new" / ".." / "made" / "run")  # a '..' in the path: what exists is resolved first
+    with deep.claimed():
+        assert (work / "made" / "run").is_dir()
+    assert not (work / "made").exists() and work.is_dir() and keep.is_dir()  # nothing written: only its own folders
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Record every call of the weight downloaders (torch.hub's and torchvision's GoogLeNet) instead of making it."""
+    import torch.hub
+    import torchvision.models
+
+    called = []
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda *a, **k: called.append(("weights", a)))
+    monkeypatch.setattr(torchvision.models, "googlenet", lambda *a, **k: called.append(("googlenet", k)))
+    return called
+
+
+@pytest.mark.parametrize("spec", ["cub:{missing}", "cub-cropped:{missing}", "cars:{missing}", "sop:{missing}",
+                                  "inshop:{missing}", "folder:{missing}", "csv:{missing}/table.csv", "emoji:{missing}",
+                                  "emoji-skin:{missing}", "fashion-mnist:{missing}"])
+def test_train_refuses_a_missing_data_path_before_the_weights_or_the_model(tmp_path, capsys, monkeypatch, no_weights,
+                                                                           spec):
+    """Issue item 28: ``train --config abe/cub-abe8 --data cub:/nonexistent`` fetched GoogLeNet's weights first (16 s,
+    then failed offline), then said "expected images.txt". The data path is checked before anything slow, for every
+    spec that takes a path."""
+    import deepmetric.training.trainer as trainer
+
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
+    built = []
+    monkeypatch.setattr(trainer, "build_model", lambda config: built.append(config))
+    missing = tmp_path / "nonexistent"
+    spec = spec.format(missing=missing)
+    name, _, path = spec.partition(":")
+    code, out, err = run(capsys, "train", "--config", "abe/cub-abe8", "--data", spec, "--out", str(tmp_path / "run"))
+    assert (code, out) == (2, "")
+    assert err == f"error: {name}: no such {'file' if name == 'csv' else 'folder'}: {path}\n"
+    assert no_weights == [] and built == [] and not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
+
+
+def test_train_from_python_checks_the_data_path_before_the_run_folder_or_the_model(tmp_path, monkeypatch,
+                                                                                   no_weights):
+    import deepmetric.training.trainer as trainer
+    from deepmetric.errors import DataError
+    from deepmetric.training import train
+    from helpers import tiny_config
+
+    built = []
+    monkeypatch.setattr(trainer, "build_model", lambda config: built.append(config))
+    config = tiny_config(data={"spec": f"cub:{tmp_path / 'nonexistent'}"}, model={"backbone": "googlenet",
+                                                                                   "pretrained": True})
+    with pytest.raises(DataError, match=f"^cub: no such folder: {tmp_path / 'nonexistent'}$"):
+        train(config, tmp_path / "run", progress=False)
+    assert built == [] and no_weights == [] and not (tmp_path / "run").exists()
+
+
+def test_a_missing_data_path_stops_train_before_the_model_code_is_imported(tmp_path):
+    """The same from a fresh process: refused before torchvision (the models, the weights) is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom deepmetric.cli import main\nstatus = main(sys.argv[1:])\n"
+            "print('exit', status, 'loaded:', *(m for m in ('torchvision', 'timm') if m in sys.modules))")
+    missing = tmp_path / "nonexistent"
+    result = subprocess.run([sys.executable, "-c", code, "train", "--config", "abe/cub-abe8", "--data",
+                             f"cub:{missing}", "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.splitlines()[-1] == "exit 2 loaded:"
+    assert result.stderr == f"error: cub: no such folder: {missing}\n"
+
+
+def test_evaluate_report_explain_and_a_study_dry_run_check_the_data_path_before_the_model(tiny_run, tmp_path, capsys,
+                                                                                       monkeypatch):
+    import shutil
+
+    import deepmetric.report.html as report
+    import deepmetric.studies.dry_run as dry_run
+    import deepmetric.viz.explain as explain
+    import deepmetric.workflows as workflows
+
+    loaded = []
+    record = lambda *a, **k: loaded.append(a)  # noqa: E731
+    for module, name in ((workflows, "load_run_model"), (workflows, "load_run_checkpoint"), (report, "load_run_model"),
+                         (explain, "_load"), (dry_run, "_build")):
+        monkeypatch.setattr(module, name, record)
+    missing = tmp_path / "nonexistent"
+    message = f"error: cub: no such folder: {missing}\n"
+    assert run(capsys, "evaluate", str(tiny_run), "--data", f"cub:{missing}")[1:] == ("", message)
+    assert run(capsys, "explain", str(tiny_run), "--data", f"cub:{missing}", "--out", str(tmp_path / "x"))[2] == message
+    moved = tmp_path / "moved-run"  # a run whose data folder has gone since it trained
+    shutil.copytree(tiny_run, moved)
+    saved = yaml.safe_load((moved / "config.yaml").read_text())
+    saved["data"]["spec"] = f"cub:{missing}"
+    (moved / "config.yaml").write_text(yaml.safe_dump(saved))
+    for argv in (["evaluate", str(moved)], ["evaluate", str(moved), "--all-embeddings"], ["report", str(moved)]):
+        assert run(capsys, *argv) == (2, "", message)
+    base = tmp_path / "base.yaml"
+    base.write_text((moved / "config.yaml").read_text())
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "missing-data", "base": str(base), "out": str(tmp_path / "study"),
+                                     "variants": {"gap": {}}}))
+    code, out, err = run(capsys, "study", str(study), "--dry-run")
+    assert code == 2 and f"FAILS: cub: no such folder: {missing}" in out and "1 of 1 runs would fail" in err
+    assert loaded == [] and not (tmp_path / "study").exists() and not (tmp_path / "x").exists()
+
+
+def test_odd_inputs_of_embed_metrics_study_and_resume_are_one_line_each(tiny_run, tmp_path, capsys, monkeypatch):
+    """Issue 39, item 27: `embed --out feat.v2` wrote feat.npy; `metrics` tracebacked on text or complex arrays and
+    scored boolean embeddings and (N, 2) labels; `--only ','` ran every variant; a file at RUN/tensorboard was a
+    traceback on --resume; `--only gap` must not be refused for another variant's missing extra."""
+    import importlib.util
+    import shutil
+
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("L", (8, 8), 40).save(images / "a.png")
+    code, out, err = run(capsys, "embed", str(tiny_run), "--images", str(images), "--out", str(tmp_path / "feat.v2"),
+                         "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "feat.v2.npy").is_file() and (tmp_path / "feat.v2.paths.txt").is_file()
+    assert not (tmp_path / "feat.npy").exists() and "feat.v2.npy" in out
+
+    good, labels = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32), np.array([0, 0, 1, 1, 2, 2])
+    arrays = {"text": np.array([["a", "b"]] * 6), "complex": good.astype(np.complex64), "bool": good > 0,
+              "good": good, "labels": labels, "labels2": np.zeros((6, 2), dtype=int)}
+    for name, array in arrays.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    for embeddings, labels_file, message in (("text", "labels", "must be real numbers (float or integer), got an "
+                                              "array of <U1"),
+                                             ("complex", "labels", "got an array of complex64"),
+                                             ("bool", "labels", "got an array of bool"),
+                                             ("good", "labels2", "must be a 1-D array of one label per embedding, "
+                                              "got shape (6, 2)")):
+        code, out, err = run(capsys, "metrics", str(tmp_path / f"{embeddings}.npy"), str(tmp_path / f"{labels_file}"
+                                                                                           ".npy"))
+        assert code == 2 and message in err and "Traceback" not in err and out == ""
+
+    base = {"data": {"spec": "digits", "image_size": 16, "classes_per_batch": 3, "samples_per_class": 4},
+            "model": {"backbone": "tiny", "pretrained": False, "embedding_dim": 16}, "eval": {"nmi": False}}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    study = {"name": "odd", "base": "base.yaml", "out": str(tmp_path / "study"), "set": {"train.steps": 1},
+             "variants": {"gap": {}, "tb": {"train.tensorboard": True}}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    code, out, err = run(capsys, "study", str(tmp_path / "study.yaml"), "--only", " , ", "--quiet")
+    assert code == 2 and "--only names no variant (' , ')" in err and not (tmp_path / "study").exists()
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "tensorboard" else
+                        find_spec(name, *a, **k))
+    code, out, err = run(capsys, "study", str(tmp_path / "study.yaml"), "--only", "gap", "--quiet")
+    assert code == 0, err  # tb's missing tensorboard is its own run's problem, and tb is not asked for
+    monkeypatch.undo()
+
+    (tmp_path / "a.onnx").write_text("a file")  # export --out a.onnx/m.onnx: its folder would be a file
+    for argv in (["export", str(tiny_run), "--out", str(tmp_path / "a.onnx" / "m.onnx")],
+                 ["embed", str(tiny_run), "--images", str(images), "--out", str(tmp_path / "a.onnx" / "x" / "e.npy")]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and f"{tmp_path / 'a.onnx'} is a file, not a folder" in err and "File exists" not in err
+    assert (tmp_path / "a.onnx").read_text() == "a file"
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    (run_dir / "tensorboard").write_text("not a folder")
+    code, out, err = run(capsys, "train", "--resume", "--out", str(run_dir), "--steps", "3", "--quiet",
+                         "train.tensorboard=true")
+    assert code == 2 and "tensorboard is not a folder (a file or a link is there)" in err and "Traceback" not in err

@@ -295,3 +295,149 @@ def test_fetching_with_npm_writes_nothing_to_standard_output(replica, tmp_path, 
     assert "drawings of 5 vendors" in caplog.text
     assert len(load_dataset("emoji", check_counts=False).images) == len(table.images)  # built: nothing fetched
     assert capfd.readouterr().out == ""
+
+
+# ---------------------------------------------------------------------------------------------- malformed input
+
+def unpacked_copy(source, folder):
+    """The replica's five tarballs unpacked into ``folder/NAME/package/`` (no integrity hash guards a folder)."""
+    for vendor in VENDORS:
+        with tarfile.open(source / PACKAGES[vendor].tarball) as archive:
+            archive.extractall(folder / PACKAGES[vendor].name, filter="data")
+    return folder
+
+
+def records(**changes):
+    """The replica's catalogue with record 0 changed (``None`` removes a field)."""
+    first = {k: v for k, v in {**FLAGS[0], **changes}.items() if v is not None}
+    return json.dumps([first, *CATALOGUE[1:]]).encode()
+
+
+MALFORMED_CATALOGUES = {
+    "invalid JSON": (b'[{"unified": "1F600",', r"is not valid JSON: Expecting"),
+    "not UTF-8": (b'[{"short_name": "\xff"}]', r"is not valid JSON: 'utf-8' codec"),
+    "nested too deep": (b"[" * 200_000, r"is not valid JSON"),
+    "an object": (json.dumps({"emoji": CATALOGUE}).encode(), r"must be a list of emoji records, not an object"),
+    "a number record": (json.dumps([7, *CATALOGUE]).encode(), r"record 0 is a number, not an object"),
+    "no short_name": (records(short_name=None), r"record 0 \('1F1E6-1F1E6'\) has no 'short_name'"),
+    "image a list": (records(image=["1f1e6-1f1e6.png"]), r"record 0 \('1F1E6-1F1E6'\): 'image' must be a string, "
+                                                         r"not a list"),
+    "non-ASCII unified": (records(unified="1F1E6-1F1É6"), r"'unified' must be hexadecimal code points such as "
+                                                          r"'1F44B-1F3FB', not '1F1E6-1F1É6'"),
+    "full-width digits": (records(unified="１F600"), r"'unified' must be hexadecimal code points"),
+    "a line break": (records(unified="1F1E6-1F1E6\n"), r"'unified' must be hexadecimal code points"),
+    "unified a number": (records(unified=1234), r"record 0: 'unified' must be code points, not a number"),
+    "no category": (records(category=None), r"has no 'category'"),
+    "short_name empty": (records(short_name=""), r"'short_name' '' must be a non-empty printable name"),
+    "has_img a string": (records(has_img_apple="yes"), r"'has_img_apple' must be true or false, not a string"),
+    "skin a list": (records(skin_variations=[1]), r"'skin_variations' must be an object, not a list"),
+    "skin record": (records(skin_variations={"1F3FB": {"unified": "1F1E6-1F3FB", "image": 5}}),
+                    r"skin variation '1F3FB': 'image' must be a string, not a number"),
+    "repeated emoji": (json.dumps([*CATALOGUE, FLAGS[3]]).encode(), r"code points 1F1E6-1F1E9 are already those of "
+                                                                     r"record 3"),
+    "too few drawn": (json.dumps(CATALOGUE[:3]).encode(), r"lists only 3 emoji that all five vendors draw"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_CATALOGUES))
+def test_a_malformed_catalogue_is_one_error_naming_it_and_never_counts_as_built(replica, tmp_path, case):
+    """Issue item 15: a malformed ``emoji.json`` was a traceback, and ``meta.json`` was written before the catalogue
+    was read, so the broken folder counted as built and a later good PATH kept failing. Every malformed catalogue is
+    one DataError naming the file and what is wrong; nothing is left that counts as built."""
+    source, packages = replica
+    bad = unpacked_copy(source, tmp_path / "bad")
+    catalogue = bad / "emoji-datasource-apple" / "package" / "emoji.json"
+    data, message = MALFORMED_CATALOGUES[case]
+    catalogue.write_bytes(data)
+    root = tmp_path / "home" / "emoji"
+    with pytest.raises(DataError, match=rf"(?s)^emoji: {catalogue} .*{message}") as caught:
+        load(bad, packages, root)
+    assert "Traceback" not in str(caught.value) and len(str(caught.value)) < 2000
+    assert not root.exists() and os.listdir(root.parent) == []  # no build, no temporary folder
+    table = load(source, packages, root)  # a good PATH after the bad one builds and loads
+    assert len(table.class_names) == len(EXPECTED_BASES)
+
+
+def test_a_malformed_catalogue_in_a_tarball_is_named_by_the_tarball(replica, tmp_path):
+    source, packages = replica
+    apple = PACKAGES["apple"]
+    files = package_files("apple")
+    files["package/emoji.json"] = records(image=["x"])
+    write_tarball(source / apple.tarball, files)
+    packages["apple"] = dataclasses.replace(apple, integrity=integrity(source / apple.tarball))
+    with pytest.raises(DataError, match=rf"^emoji: package/emoji.json in {source / apple.tarball} is not the "
+                                        r"emoji-datasource catalogue \(1 problem\(s\)\):\n  record 0 .*'image' must"):
+        load(source, packages, tmp_path / "emoji")
+    assert not (tmp_path / "emoji").exists()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (b"[1, 2]", r"must be an object with the package's name and version, not a list"),
+    (b'"16.0.0"', r"must be an object .*, not a string"),
+    (b'{"name": "emoji-datasource-google", "version": 16}', r"has no version string \('version' is a number\)"),
+    (b"{", r"is not valid JSON"),
+    (b"\xff\xfe\x00", r"is not valid JSON"),
+])
+def test_a_malformed_package_json_is_one_error_naming_it(replica, tmp_path, text, message):
+    source, packages = replica
+    bad = unpacked_copy(source, tmp_path / "bad")
+    manifest = bad / "emoji-datasource-google" / "package" / "package.json"
+    manifest.write_bytes(text)
+    root = tmp_path / "home" / "emoji"
+    with pytest.raises(DataError, match=rf"^emoji: {manifest} {message}"):
+        load(bad, packages, root)
+    assert not root.exists()
+
+
+def test_a_path_that_does_not_exist_is_refused_never_replaced_by_an_earlier_build(replica, tmp_path, monkeypatch):
+    """Issue item 15: ``emoji:/nonexistent`` silently used the build made earlier from another source. ``emoji:PATH``
+    must name a folder holding the five packages; an earlier build of the same versions is used (not unpacked
+    again) only when it does."""
+    source, packages = replica
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(emoji_module, "PACKAGES", packages)
+    root = tmp_path / "data" / "emoji"
+    load_dataset(f"emoji:{source}", check_counts=False)
+    built = (root / "meta.json").stat().st_mtime_ns
+    missing = tmp_path / "nonexistent"
+    for spec in (f"emoji:{missing}", f"emoji-skin:{missing}"):
+        with pytest.raises(DataError, match=rf"^{spec.split(':')[0]}: no such folder: {missing}$"):
+            load_dataset(spec, check_counts=False)
+    with pytest.raises(DataError, match=rf"^emoji: no such folder: {missing}$"):  # the loader itself, called directly
+        load_emoji(missing, check=False, progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=rf"^emoji: {empty} has no emoji-datasource-apple-16\.0\.0\.tgz"):
+        load_dataset(f"emoji:{empty}", check_counts=False)
+    with pytest.raises(DataError, match=r"is not a folder"):
+        load_dataset(f"emoji:{source / PACKAGES['apple'].tarball}", check_counts=False)
+    (source / PACKAGES["google"].tarball).write_bytes(b"not the tarball")
+    with pytest.raises(DataError, match=r"emoji-datasource-google-16\.0\.0\.tgz is not emoji-datasource-google"):
+        load_dataset(f"emoji:{source}", check_counts=False)  # PATH's packages are checked even when built
+    assert (root / "meta.json").stat().st_mtime_ns == built  # none of these touched the build
+
+
+def test_a_path_holding_the_same_versions_uses_the_build(replica, tmp_path):
+    source, packages = replica
+    root = tmp_path / "emoji"
+    first = load(source, packages, root)
+    built = (root / "meta.json").stat().st_mtime_ns
+    again = load(unpacked_copy(source, tmp_path / "unpacked"), packages, root)
+    assert (root / "meta.json").stat().st_mtime_ns == built and again.class_names == first.class_names
+
+
+def test_a_folder_left_marked_built_with_a_broken_catalogue_is_built_again(replica, tmp_path, caplog):
+    """A folder the earlier code marked built before reading its catalogue (or one broken since) does not count as
+    built: a good PATH rebuilds it; a ``meta.json`` that is not an object is no build either."""
+    import logging
+
+    source, packages = replica
+    root = tmp_path / "emoji"
+    load(source, packages, root)
+    (root / "apple" / "emoji.json").write_text('{"not": "a list"}')
+    caplog.set_level(logging.WARNING, logger="deepmetric")
+    table = load(source, packages, root)
+    assert "is not a complete build" in caplog.text and len(table.class_names) == len(EXPECTED_BASES)
+    (root / "meta.json").write_text("[1, 2]")
+    assert len(load(source, packages, root).class_names) == len(EXPECTED_BASES)
+    assert json.loads((root / "meta.json").read_text())["format"] == emoji_module.FORMAT_VERSION

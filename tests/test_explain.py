@@ -148,3 +148,33 @@ def test_upsample_is_bilinear_to_the_image_size():
     assert up.shape == (2, 8, 6)
     assert up[0].min() == 0.0 and up[0].max() == 1.0 and (up[0][:, 1:] >= up[0][:, :-1]).all()  # a ramp
     assert abs(up[1] - 0.25).max() < 1e-7  # a uniform map stays uniform
+
+
+def test_names_with_dollars_draw_as_text_and_every_image_gets_its_own_overlay(tmp_path, capsys):
+    """Issue 39, item 18: a file named `$\\frac$.png` died in matplotlib's math parser, and `dup.jpg` + `dup.png`
+    or `sub/x.png` + `sub__x.png` wrote 4 overlays for 6 images while saying 6. Every figure's texts are drawn as
+    written (a log axis' own ticks keep theirs), and each image gets a distinct overlay name."""
+    from matplotlib.figure import Figure
+
+    from deepmetric.render import figure_png
+    from deepmetric.report.figures import recall_curve
+
+    images = tmp_path / "images"
+    (images / "sub").mkdir(parents=True)
+    names = ["dup.jpg", "dup.png", "sub/x.png", "sub__x.png", "$\\frac{a}$.png", "Dup.PNG"]
+    for i, name in enumerate(names):
+        Image.new("RGB", (20, 20), (30 * i, 90, 200 - 30 * i)).save(images / name, format="PNG")
+    run_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--head", "dgml", "--out", run_dir)[0] == 0
+    out = tmp_path / "explain"
+    code, printed, err = run(capsys, "explain", run_dir, "--images", images, "--out", out, "--quiet")
+    assert code == 0, err
+    assert "wrote 6 attention overlays" in printed and len(list(out.iterdir())) == 6
+    assert len({p.name.lower() for p in out.iterdir()}) == 6
+    figure = Figure()
+    axes = figure.add_subplot()
+    axes.plot([1, 2], [1, 2], label="$\\undefinedmacro$ class")
+    axes.legend()
+    axes.set_title("variant $x^$")
+    assert figure_png(figure).startswith(b"\x89PNG")
+    assert recall_curve({"$run$": {"recall@1": 0.5, "recall@2": 0.6, "recall@4": 0.7}}).startswith(b"\x89PNG")

@@ -19,6 +19,9 @@ import torch
 from PIL import Image
 
 from deepmetric.cli import main
+from deepmetric.data.images import read_image
+from deepmetric.data.resizing import TEST_RESIZE_MODES
+from deepmetric.data.transforms import TestTransform as ResizeForTest
 from deepmetric.export import TRACE_BATCH, ExportError, export_model
 from deepmetric.models import Embedder, create_model
 from deepmetric.models.heads import HEADS, Head, HeadOutput
@@ -159,6 +162,14 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
     assert record["input"] == {"name": "images", "shape": ["batch", 3, 16, 16], "height": 16, "width": 16,
                                "dtype": "float32", "layout": "NCHW", "channels": "RGB", "range": [0.0, 1.0]}
     assert record["preprocessing"]["test_resize"] == "resize" and record["normalization"]["inside_model"]
+    preprocessing = record["preprocessing"]  # all of it, to repeat without deepmetric (README's snippet)
+    assert preprocessing["order"] == ["rgb", "resize", "pad", "crop", "scale", "layout"]
+    assert preprocessing["rgb"]["transparency"]["background"] == [255, 255, 255]
+    assert {"I;16", "I", "F"} <= set(preprocessing["rgb"]["depth"]["modes"])
+    assert {k: preprocessing["resize"][k] for k in ("fit", "size", "filter", "antialias")} == {
+        "fit": "both", "size": 16, "filter": "bilinear", "antialias": True}
+    assert preprocessing["pad"] is None and preprocessing["crop"] is None
+    assert preprocessing["scale"]["divide_by"] == 255 and preprocessing["layout"]["layout"] == "NCHW"
     assert record["run"]["checkpoint"] == "last" and record["run"]["step"] == 2
     assert record["verified"]["max_abs_error"] <= record["verified"]["tolerance"] == 1e-4
 
@@ -172,19 +183,160 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_the_readme_onnxruntime_snippet_embeds_an_image_as_deepmetric_embed_does(tiny_run, tmp_path, monkeypatch,
-                                                                                 capsys):
-    """README's ```python onnx block, run as written in a folder holding model.onnx, model.onnx.json and photo.jpg."""
+def _readme_snippet() -> str:
+    """README's ```python onnx block, as written."""
     blocks = re.findall(r"```python onnx\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) <= 5
-    monkeypatch.chdir(tmp_path)
-    assert main(["export", str(tiny_run), "--out", "model.onnx"]) == 0
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def _run_readme_snippet(folder: Path, monkeypatch) -> dict:
+    """README's onnxruntime snippet executed in ``folder`` (holding model.onnx, model.onnx.json and photo.jpg); its
+    namespace, whose ``preprocess(path)`` then prepares any image as the README does."""
+    monkeypatch.chdir(folder)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)).save("photo.jpg")
     namespace: dict = {}
-    exec(compile(blocks[0], "README.md onnxruntime snippet", "exec"), namespace)
-    assert main(["embed", str(tiny_run), "--images", "photo.jpg", "--out", "photo.npy", "--quiet"]) == 0
-    np.testing.assert_allclose(namespace["embedding"], np.load("photo.npy"), atol=1e-4, rtol=0)
+    exec(compile(_readme_snippet(), "README.md onnxruntime snippet", "exec"), namespace)
+    assert namespace["embedding"].shape[0] == 1
+    return namespace
+
+
+def _picture(height: int, width: int, seed: int) -> np.ndarray:
+    """A smooth (H, W, 3) uint8 picture: three plane waves, so that resizing keeps its content."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(height, width)
+    waves = [np.sin(2 * np.pi * (a * x + b * y) + c) for a, b, c in rng.uniform(0.3, 2.0, (3, 3))]
+    return ((np.stack(waves, axis=-1) + 1) * 127.5).astype(np.uint8)
+
+
+def _disc(height: int, width: int) -> np.ndarray:
+    """Alpha: 255 in a central disc, 0 around it (as an emoji's background), a soft edge between."""
+    y, x = np.mgrid[0:height, 0:width]
+    radius = 2 * np.hypot((y + 0.5 - height / 2) / height, (x + 0.5 - width / 2) / width)
+    return np.clip((0.85 - radius) / 0.25 * 255, 0, 255).astype(np.uint8)
+
+
+MODE_IMAGES = {  # file name -> the mode PIL opens it in (and whether it is transparent anywhere)
+    "rgba.png": ("RGBA", True), "rgba-small.png": ("RGBA", True), "la.png": ("LA", True),
+    "palette.png": ("P", False), "palette-key.gif": ("P", True), "palette-alphas.png": ("P", True),
+    "gray.png": ("L", False), "gray-key.png": ("L", True), "rgb-key.png": ("RGB", True), "bits.png": ("1", False),
+    "deep.png": ("I;16", False), "deep-key.png": ("I;16", True), "deep.tif": ("I;16", False), "int32.tif": ("I", False),
+    "float.tif": ("F", False), "cmyk.jpg": ("CMYK", False), "cmyk.tif": ("CMYK", False),
+    "ycbcr.tif": ("YCbCr", False), "rgb.jpg": ("RGB", False),
+}
+
+
+def _write_mode_images(folder: Path, height: int = 23, width: int = 37) -> list[Path]:
+    """One file per PIL mode a decoder gives (``MODE_IMAGES``), transparent ones with real transparency: fully
+    transparent pixels (their hidden colour black, as in the emoji PNGs), half-transparent ones, colour keys."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rgb, alpha = _picture(height, width, 1), _disc(height, width)
+    hidden = np.where(alpha[..., None] > 0, rgb, 0).astype(np.uint8)
+    gray = np.asarray(Image.fromarray(rgb).convert("L"))
+    keyed = np.where(alpha > 0, gray, 7).astype(np.uint8)  # 7: the transparent gray
+    deep = np.minimum(gray.astype(np.uint32) * 257 + np.arange(width, dtype=np.uint32) * 3, 65535).astype(np.uint16)
+    palette = Image.fromarray(rgb).quantize(31)  # indices 0-30; 31 is the transparent one
+    index = np.where(alpha > 0, np.asarray(palette), 31).astype(np.uint8)
+    keyed_palette = Image.fromarray(index, mode="P")
+    keyed_palette.putpalette(palette.getpalette()[:93] + [0, 0, 0])
+    Image.fromarray(np.dstack([hidden, alpha])).save(folder / "rgba.png")
+    Image.fromarray(np.dstack([hidden, alpha])[:6, :9].copy()).save(folder / "rgba-small.png")  # enlarged
+    Image.fromarray(np.dstack([gray, alpha])).save(folder / "la.png")
+    palette.save(folder / "palette.png")
+    keyed_palette.save(folder / "palette-key.gif", transparency=31)
+    keyed_palette.save(folder / "palette-alphas.png", transparency=bytes([255] * 16 + [128] * 15 + [0]))
+    Image.fromarray(gray).save(folder / "gray.png")
+    Image.fromarray(keyed).save(folder / "gray-key.png", transparency=7)
+    Image.fromarray(np.where(alpha[..., None] > 0, rgb, [1, 2, 3]).astype(np.uint8)).save(
+        folder / "rgb-key.png", transparency=(1, 2, 3))
+    Image.fromarray(gray).convert("1").save(folder / "bits.png")
+    Image.fromarray(deep).save(folder / "deep.png")
+    Image.fromarray(np.where(alpha > 0, deep, 5).astype(np.uint16)).save(folder / "deep-key.png", transparency=5)
+    Image.fromarray(deep).save(folder / "deep.tif")
+    Image.fromarray(deep.astype(np.int32) // 2).save(folder / "int32.tif")
+    Image.fromarray(gray.astype(np.float32) / 7 - 3).save(folder / "float.tif")
+    Image.fromarray(rgb).convert("CMYK").save(folder / "cmyk.jpg", quality=95)
+    Image.fromarray(rgb).convert("CMYK").save(folder / "cmyk.tif")
+    Image.fromarray(rgb).convert("YCbCr").save(folder / "ycbcr.tif")
+    Image.fromarray(rgb).save(folder / "rgb.jpg", quality=95)
+    paths = [folder / name for name in MODE_IMAGES]
+    for path in paths:
+        with Image.open(path) as image:
+            transparent = image.mode in ("RGBA", "LA") or "transparency" in image.info
+            assert (image.mode, transparent) == MODE_IMAGES[path.name], path.name
+    return paths
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_the_readme_onnxruntime_snippet_embeds_every_image_mode_as_deepmetric_embed_does(tiny_run, tmp_path,
+                                                                                         monkeypatch):
+    """Issue 39 item 5: README's snippet (``convert("RGB")``, PIL's default bicubic resize) embedded the emoji PNGs
+    at cosine 0.18-1 (mean 0.70) to ``deepmetric embed``, which composites transparency on white and resizes
+    bilinearly with antialiasing. The snippet now repeats the JSON's ``preprocessing``: on a file of every mode PIL
+    decodes (RGBA, LA, palette with and without transparency, gray with and without a key, 1-bit, 16-bit with and
+    without a key, 32-bit, float, CMYK, YCbCr, RGB), run as README writes it and fed to onnxruntime, it gives
+    ``deepmetric embed``'s embedding (cosine >= 0.9999), where the old recipe does not."""
+    assert main(["export", str(tiny_run), "--out", str(tmp_path / "model.onnx")]) == 0
+    paths = _write_mode_images(tmp_path / "images")
+    snippet = _run_readme_snippet(tmp_path, monkeypatch)
+    assert main(["embed", str(tiny_run), "--images", "images", "--out", "library.npy", "--quiet"]) == 0
+    order = [Path(line).name for line in Path("library.paths.txt").read_text().splitlines()]
+    library = dict(zip(order, np.load("library.npy"), strict=True))
+    assert sorted(library) == sorted(MODE_IMAGES)
+    session = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
+    readme = np.concatenate([session.run(None, {"images": snippet["preprocess"](path)})[0] for path in paths])
+    cosines = _cosines(readme, np.stack([library[path.name] for path in paths]))
+    assert cosines.min() >= 0.9999, dict(zip(MODE_IMAGES, cosines.round(6), strict=True))
+
+    # the recipe the README gave before (convert("RGB"), PIL's default bicubic resize) fails this test
+    side = snippet["meta"]["input"]["width"]
+    for name in ("rgba.png", "la.png", "palette-key.gif"):
+        with Image.open(tmp_path / "images" / name) as image:
+            x = np.asarray(image.convert("RGB").resize((side, side)), np.float32).transpose(2, 0, 1)[None] / 255
+        assert _cosines(session.run(None, {"images": x})[0], library[name][None])[0] < 0.999, name
+
+
+@pytest.mark.parametrize("test_resize", TEST_RESIZE_MODES)
+def test_the_readme_preprocessing_is_the_librarys_pixel_for_pixel_under_every_test_resize(test_resize, tmp_path,
+                                                                                          monkeypatch):
+    """The JSON's ``preprocessing`` comes from the plan ``TestTransform`` runs (``test_resize_plan``); README's
+    ``preprocess`` reading it gives the pixels ``read_image`` + ``TestTransform`` give (to 1/255: PIL's bilinear
+    and torchvision's antialiased resize round apart) for every mode, on wide, tall, small and square images whose
+    centre crops fall on a half pixel, and the exported model embeds them as the library does."""
+    size = 24
+    model = _model("gap")
+    result = export_model(model, tmp_path / "model.onnx", image_size=size, test_resize=test_resize)
+    record = json.loads(result.metadata.read_text())["preprocessing"]
+    transform = ResizeForTest(size, test_resize)
+    assert {k: record[k] and {key: record[k][key] for key in transform.plan[k]}
+            for k in ("resize", "pad", "crop")} == transform.plan
+    paths = [*_write_mode_images(tmp_path / "wide"), *_write_mode_images(tmp_path / "tall", 41, 19)[:4],
+             *_write_mode_images(tmp_path / "square", 29, 29)[:2], *_write_mode_images(tmp_path / "tiny", 5, 8)[:2]]
+    snippet = _run_readme_snippet(tmp_path, monkeypatch)
+    session = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
+    for path in paths:
+        expected = transform(read_image(path))[None]
+        got = snippet["preprocess"](path)
+        assert got.dtype == np.float32 and got.shape == tuple(expected.shape) == (1, 3, size, size), path
+        assert np.abs(got - expected.numpy()).max() <= 1 / 255 + 1e-6, path
+        cosine = _cosines(session.run(None, {"images": got})[0], model.embed(expected).numpy())
+        assert cosine.min() >= 0.9999, (path, cosine)
+
+
+def test_every_transparent_pixel_becomes_white_whatever_the_mode(tmp_path):
+    """One path for every mode (``to_rgb``): an alpha band, a palette's transparent index or alpha table, a gray,
+    16-bit or RGB colour key are all composited on white (a colour-keyed gray, RGB or 16-bit PNG kept its key
+    colour before, while a keyed palette image was composited)."""
+    for path in _write_mode_images(tmp_path):
+        if MODE_IMAGES[path.name][1] and path.name != "rgba-small.png":
+            rgb = read_image(path)
+            transparent = _disc(*rgb.shape[:2]) == 0
+            assert (rgb[transparent] == 255).all(), path.name
+            assert (rgb[~transparent] < 255).any(), path.name
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -381,3 +381,47 @@ def test_empty_embeddings_are_one_clear_error():
     query, labels = np.eye(4, dtype=np.float32), np.array([0, 0, 1, 1])
     with pytest.raises(DeepMetricError, match="gallery embeddings are empty"):
         retrieval_metrics(query, labels, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+
+
+def test_every_data_set_declares_what_its_path_is():
+    from deepmetric.data import DATASETS, PATH_KINDS
+
+    assert set(PATH_KINDS) == set(DATASETS.names())
+    assert set(PATH_KINDS.values()) <= {"folder", "file", "built", "none"}
+
+
+@pytest.mark.parametrize("name", ["cub", "cub-cropped", "cars", "cars-cropped", "sop", "inshop", "folder", "csv",
+                                  "emoji", "emoji-skin", "fashion-mnist"])
+def test_a_data_path_that_does_not_exist_is_named_for_every_loader(tmp_path, monkeypatch, name):
+    """Issue item 28: ``cub:/nonexistent`` said "expected images.txt at /nonexistent/images.txt" (after the weights'
+    download). Every loader's missing PATH is "NAME: no such folder: PATH" (a CSV's: file), checked before the loader
+    runs; a file where a folder belongs (and the reverse) is named too."""
+    import re
+
+    from deepmetric.data import PATH_KINDS, check_data_path
+
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))  # emoji: no earlier build to fall back on
+    kind = PATH_KINDS[name]
+    for missing in (tmp_path / "nonexistent", tmp_path / "nonexistent" / "deeper", "relative/nonexistent"):
+        expected = rf"^{re.escape(name)}: no such {kind}: {re.escape(str(missing))}$"
+        with pytest.raises(DataError, match=expected):
+            check_data_path(f"{name}:{missing}")
+        with pytest.raises(DataError, match=expected):
+            load_dataset(f"{name}:{missing}")
+    a_file, a_folder = tmp_path / "a-file", tmp_path / "a-folder"
+    a_file.write_text("x")
+    a_folder.mkdir()
+    wrong, message = (a_folder, "is a folder, not a file") if kind == "file" else (a_file, "is not a folder")
+    with pytest.raises(DataError, match=rf"^{re.escape(name)}: {re.escape(str(wrong))} {message}$"):
+        load_dataset(f"{name}:{wrong}")
+    with pytest.raises(DataError, match=rf"^{re.escape(name)}: .* cannot be read: embedded null byte"):
+        check_data_path(f"{name}:{tmp_path}/a\0b")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "nonexistent").exists()  # nothing built or made
+
+
+def test_glyphs_builds_at_its_path_and_a_spec_without_a_path_is_not_checked(tmp_path):
+    from deepmetric.data import check_data_path
+
+    check_data_path(f"glyphs:{tmp_path / 'new'}")  # built there on first use
+    check_data_path("digits")
+    check_data_path("glyphs")

@@ -4,9 +4,11 @@ cannot express a head), with a JSON beside it saying what to feed it.
 The exported graph is the ``Embedder`` in eval mode from the checkpoint ``deepmetric evaluate`` would use: RGB
 images in [0, 1] (B, 3, H, W) -> (B, D) embeddings, with the backbone's normalisation (mean/std, channel order)
 inside the graph and a free batch dimension; H x W is the run's ``data.image_size``. The JSON (``model.onnx.json``
-beside ``model.onnx``, ``model.pt.json`` beside ``model.pt``: each file its own) gives that input size, the
-test-time resize policy (``data.test_resize``) a caller has to apply before, the normalisation the graph applies,
-the output and where the weights came from.
+beside ``model.onnx``, ``model.pt.json`` beside ``model.pt``: each file its own) gives that input size, everything
+``deepmetric embed`` does to an image file before the graph (``preprocessing``: any PIL mode to RGB with
+transparency on white, ``data.images.RGB_CONVERSION``; the resize, pad and crop of ``data.test_resize``, from the
+plan ``TestTransform`` runs; / 255, NCHW), the normalisation the graph applies, the output and where the weights came
+from.
 
 Exporters. ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``, opset
 17): it needs the ``onnx`` package only, exports every head below but DeML in about a second on the test trunk and
@@ -42,6 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .data.images import RGB_CONVERSION
+from .data.resizing import test_resize_plan
 from .errors import DeepMetricError
 from .io import atomic_path, check_writable, to_json
 from .models import Embedder
@@ -246,6 +250,40 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
+def preprocessing(image_size: int, test_resize: str) -> dict[str, Any]:
+    """What ``deepmetric embed`` does to an image file before the model, precisely enough to repeat without deepmetric
+    (README's onnxruntime snippet does, from these values): ``rgb`` (``data.images.to_rgb``: decode, any PIL mode to
+    8-bit RGB, transparency on white), then ``resize``, ``pad`` and ``crop`` (``data.resizing.test_resize_plan``,
+    the steps ``TestTransform`` runs), then ``scale`` and ``layout``; ``order`` names them in turn."""
+    plan = test_resize_plan(image_size, test_resize)
+    fitted = {"both": "both sides resized to size (the aspect ratio is not kept)",
+              "longer": "the longer side scaled to size keeping the aspect ratio: each side max(min_side, "
+                        "round(side * size / longer side))",
+              "shorter": "the shorter side scaled to size keeping the aspect ratio: each side max(min_side, "
+                         "round(side * size / shorter side))"}[plan["resize"]["fit"]]
+    resize = {**plan["resize"], "how": fitted, "filter": "bilinear", "antialias": True,
+              "rounding": "Python's round (halves to even); the result is 8-bit",
+              "pil": "image.resize((width, height), PIL.Image.Resampling.BILINEAR): a triangle filter widened by the "
+                     "shrink factor (antialiased); the library's torchvision resize(antialias=True) on uint8 agrees "
+                     "with it to 1/255",
+              "torchvision": "torchvision.transforms.v2.functional.resize(uint8 (3, H, W), [height, width], "
+                             "antialias=True), skipped when the image already has that size"}
+    pad = plan["pad"] and {**plan["pad"], "how": "centre the image on a black canvas max(size, height) x max(size, "
+                                                 "width): top = (canvas height - height) // 2, left likewise"}
+    crop = plan["crop"] and {**plan["crop"], "how": "the centre size x size: top = round((height - size) / 2), left "
+                                                    "= round((width - size) / 2), Python's round (halves to even), as "
+                                                    "torchvision's center_crop"}
+    return {"test_resize": test_resize, "image_size": image_size, "how": RESIZE_POLICIES[test_resize],
+            "then": "RGB channels, values / 255 (floats in [0, 1]), NCHW",
+            "library": "deepmetric.data.images.read_image, then deepmetric.data.transforms.TestTransform",
+            "order": ["rgb", "resize", "pad", "crop", "scale", "layout"],
+            "rgb": RGB_CONVERSION, "resize": resize, "pad": pad, "crop": crop,
+            "scale": {"divide_by": 255.0, "dtype": "float32", "range": [0.0, 1.0],
+                      "normalization": "none here: the model applies mean/std itself (see normalization)"},
+            "layout": {"layout": "NCHW", "channels": "RGB", "shape": [1, 3, image_size, image_size],
+                       "batch": "images stacked on the first axis"}}
+
+
 def metadata(model: Embedder, format: str, file: Path, image_size: int, test_resize: str, run: dict[str, Any],
              max_error: float) -> dict[str, Any]:
     """The JSON beside the exported file: input, preprocessing, normalisation, output, origin and check."""
@@ -256,8 +294,7 @@ def metadata(model: Embedder, format: str, file: Path, image_size: int, test_res
         **({"opset": ONNX_OPSET} if format == "onnx" else {}),
         "input": {"name": INPUT_NAME, "shape": ["batch", 3, image_size, image_size], "height": image_size,
                   "width": image_size, "dtype": "float32", "layout": "NCHW", "channels": "RGB", "range": [0.0, 1.0]},
-        "preprocessing": {"test_resize": test_resize, "image_size": image_size, "how": RESIZE_POLICIES[test_resize],
-                          "then": "RGB channels, values / 255 (floats in [0, 1]), NCHW"},
+        "preprocessing": preprocessing(image_size, test_resize),
         "normalization": {"mean": [float(v) for v in model.mean.flatten()],
                           "std": [float(v) for v in model.std.flatten()], "bgr": bool(model.bgr),
                           "inside_model": True,

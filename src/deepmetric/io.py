@@ -124,6 +124,9 @@ def check_writable(path: Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise WriteError(f"{path} is a folder; give a file name")
+    blocking = next((folder for folder in path.parents if folder.exists() and not folder.is_dir()), None)
+    if blocking is not None:  # mkdir would say only "File exists"
+        raise WriteError(f"cannot write {path}: {blocking} is a file, not a folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}{path.name}.", suffix=TEMPORARY_SUFFIX,

@@ -12,11 +12,26 @@ import io
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+
+def plain_text(figure: Figure) -> Figure:
+    """Turn matplotlib's math parsing off in every text of ``figure`` but its tick labels (a log axis writes its
+    own ``$2^{3}$``): titles, legends and labels quote file, class and variant names, and a ``$…$`` in one made
+    matplotlib's math parser fail the whole figure."""
+    ticks = {id(label) for axes in figure.axes for axis in (axes.xaxis, axes.yaxis)
+             for label in axis.get_ticklabels(which="both")}
+    for text in figure.findobj(Text):
+        if id(text) not in ticks:
+            text.set_parse_math(False)
+    return figure
 
 
 def figure_png(figure: Figure, dpi: float | None = None, tight: bool = False) -> bytes:
-    """The figure rendered as PNG bytes (``tight``: crop to the drawn area)."""
+    """The figure rendered as PNG bytes (``tight``: crop to the drawn area), its texts drawn as written
+    (``plain_text``)."""
     FigureCanvasAgg(figure)
+    plain_text(figure)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi or figure.dpi, bbox_inches="tight" if tight else None)
     return buffer.getvalue()

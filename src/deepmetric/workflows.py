@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .config import RunConfig
+from .data import check_data_path
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalTable, test_sizes_match
 from .errors import CheckpointError, DataError
@@ -37,11 +38,12 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     report of the same checkpoint need not embed the split again."""
     run = RunDir(run_dir)
     config = run.config()
-    device = resolve_device(config.train.device)
-    model, _, checkpoint = load_run_model(run.path, which, device)
     if data_spec:
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
+    check_data_path(config.data.spec)  # before the model is loaded
+    device = resolve_device(config.train.device)
+    model, _, checkpoint = load_run_model(run.path, which, device)
     table, _ = load_table(config, progress, only_split="test")
     part = table.split("test")
     embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress), desc="embedding test")
@@ -75,6 +77,7 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
 
     run = RunDir(run_dir)
     config = run.config()
+    check_data_path(config.data.spec)  # before the model is loaded
     device = resolve_device(config.train.device)
     model, _, checkpoint, tensors, state = load_run_checkpoint(run.path, which, device)  # the objective's too
     table, _ = load_table(config, progress, only_split="test")  # the audit reads only the splits it needs
@@ -169,7 +172,7 @@ def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which
                  batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
     """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``."""
     config: RunConfig = RunDir(run_dir).config()
-    out = Path(out) if Path(out).suffix == ".npy" else Path(out).with_suffix(".npy")
+    out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)

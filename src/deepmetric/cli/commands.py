@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,18 @@ def say(text: object) -> None:
     """Print one result to standard output, control characters escaped (``printable``): every command's output
     goes through here, since results quote file names (``search`` printed an ESC sequence in one raw)."""
     print(printable(str(text)))
+
+
+def default_run_name(config: Any, now: float | None = None) -> str:
+    """``<time>-<data>-<backbone>-<head>`` for a run without ``--out``: each part cut to letters, digits, ``.``,
+    ``_``, ``-`` and 40 characters, never ``.`` or ``..`` (a ``--data`` or ``--backbone`` holding ``../`` named a
+    folder outside ``runs/``)."""
+    def part(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:40].strip("._") or "x"
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return "-".join([stamp, part(config.data.spec.split(":")[0]), part(config.model.backbone),
+                     part(config.model.head)])
 
 
 def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -68,9 +81,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.regularizer:
         add_regularizers(config, args.regularizer)
-    out = Path(args.out) if args.out else Path("runs") / (
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{config.data.spec.split(':')[0]}-{config.model.backbone.replace(':', '_')}"
-        f"-{config.model.head}")
+    from ..models.backbones import check_backbone_exists
+
+    check_backbone_exists(config.model.backbone)  # timm:<name> too, before the run folder is named or made
+    out = Path(args.out) if args.out else Path("runs") / default_run_name(config)
     if args.nproc > 1:
         from ..training.launch import launch
 
@@ -209,6 +223,9 @@ def cmd_study(args: argparse.Namespace) -> int:
                                   + ", ".join(failing))
         return 0
     only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
+    if args.only is not None and not only:
+        raise DeepMetricError(f"--only names no variant ({args.only!r}); give one or more, e.g. --only "
+                              + ",".join(list(spec.variants)[:2]))
     paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed)
     say(paths["md"].read_text())
     say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")

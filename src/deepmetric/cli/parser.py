@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write the run's embedder (eval mode, the checkpoint evaluate uses) as an ONNX "
                        "graph with a free batch dimension: RGB images in [0, 1] of the run's data.image_size -> "
                        "embeddings, the normalisation inside. OUT.json beside it (model.onnx.json) gives the input "
-                       "size, the resize policy and the normalisation. The file is checked against PyTorch "
+                       "size, the normalisation and the whole preprocessing deepmetric embed applies first (any image "
+                       "mode to RGB with transparency on white, the resize, pad and crop, / 255), as README's "
+                       "onnxruntime snippet repeats it. The file is checked against PyTorch "
                        "(onnxruntime, 1e-4) before it is written; a head ONNX cannot express is refused with the "
                        "reason (try --format torchscript). An OUT inside RUN/checkpoints or over another file of the "
                        "run is refused. Needs pip install 'deepmetric[onnx]'.")

@@ -10,14 +10,23 @@
 | ``digits`` | scikit-learn's 8x8 digits, 0-4 train / 5-9 test |
 | ``folder:PATH`` | one sub-folder per class; sorted names, first half train |
 | ``csv:PATH`` | columns ``path,label,split[,is_query,is_gallery]`` |
-| ``cub:PATH`` ``cars:PATH`` ``sop:PATH`` ``inshop:PATH`` | the benchmarks, official layouts |
-| ``cub-cropped:PATH`` ``cars-cropped:PATH`` | CUB / Cars with every image cut to its bounding box (ABE Table 5) |
+| ``cub[:PATH]`` ``cars:PATH`` ``sop:PATH`` ``inshop:PATH`` | the benchmarks, official layouts (``cub``: fetched) |
+| ``cub-cropped[:PATH]`` ``cars-cropped:PATH`` | CUB / Cars with every image cut to its bounding box (ABE Table 5) |
+
+``cub`` and ``cub-cropped`` without a path fetch the publisher's archive to ``$DEEPMETRIC_DATA/cub`` on first use
+(``download``); ``cars``, ``sop`` and ``inshop`` without one say where their official files are.
+
+A ``PATH`` is read, never created, except ``glyphs:PATH`` (where the toy set is built): ``check_data_path`` refuses
+one that does not exist (``cub: no such folder: /data/CUB``) before anything slow: ``load_dataset``, ``train``,
+``evaluate``, ``report``, ``explain`` and ``study --dry-run`` call it first.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +35,7 @@ import numpy as np
 from ..errors import DataError
 from ..registry import Registry
 from .benchmarks import load_cars, load_cub, load_inshop, load_sop
+from .download import manual_download
 from .emoji import load_emoji
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
@@ -36,17 +46,24 @@ DATASETS: Registry[Callable[..., RetrievalTable]] = Registry(
     "data set", provided=("path", "seed", "check", "skip_bad"), error=DataError)
 """Loaders by spec name: ``loader(path, seed=, check=, skip_bad=)`` (each takes those it uses); a loader
 whose ``path`` has no default needs ``NAME:PATH``."""
-for _name, _loader in {"glyphs": load_glyphs, "fashion-mnist": load_fashion_mnist, "digits": load_digits,
-                       "folder": load_folder, "csv": load_csv, "cub": load_cub, "cars": load_cars, "sop": load_sop,
-                       "inshop": load_inshop, "emoji": load_emoji,
-                       "emoji-skin": functools.partial(load_emoji, skin=True),
-                       "cub-cropped": functools.partial(load_cub, crop=True),
-                       "cars-cropped": functools.partial(load_cars, crop=True)}.items():
+PATH_KINDS: dict[str, str] = {}
+"""What each loader's ``PATH`` must be: ``folder``, ``file``, ``built`` (a folder the loader creates) or ``none`` (it
+reads no path); the last two are not checked. A loader registered without one needs its ``PATH`` to exist, file or
+folder."""
+for _name, _loader, _kind in [
+        ("glyphs", load_glyphs, "built"), ("fashion-mnist", load_fashion_mnist, "folder"),
+        ("digits", load_digits, "none"), ("folder", load_folder, "folder"), ("csv", load_csv, "file"),
+        ("cub", load_cub, "folder"), ("cars", load_cars, "folder"), ("sop", load_sop, "folder"),
+        ("inshop", load_inshop, "folder"),
+        ("emoji", load_emoji, "folder"), ("emoji-skin", functools.partial(load_emoji, skin=True), "folder"),
+        ("cub-cropped", functools.partial(load_cub, crop=True), "folder"),
+        ("cars-cropped", functools.partial(load_cars, crop=True), "folder")]:
     DATASETS.register(_name, _loader)
+    PATH_KINDS[_name] = _kind
 
 __all__ = [
     "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform", "TrainTransform",
-    "build_glyphs", "carve_validation", "load_dataset",
+    "build_glyphs", "carve_validation", "check_data_path", "load_dataset",
 ]
 
 
@@ -71,8 +88,29 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     name, _, path = spec.partition(":")
     name = name.strip().lower()
     if needs_path(name) and not path:
-        raise DataError(f"data set '{name}' needs a path: {name}:PATH")
+        how = manual_download(name)
+        raise DataError(f"data set '{name}' needs a path: {name}:PATH" + (f". {how}" if how else ""))
     return name, (path or None)
+
+
+def check_data_path(spec: str) -> None:
+    """Refuse ``spec``'s ``PATH`` unless it exists and is what its loader reads (``PATH_KINDS``), in a few
+    microseconds: ``cub: no such folder: /data/CUB``, ``csv: /data is a folder, not a file``. A spec without a path
+    (and ``glyphs:PATH``, built there) passes; an unknown name is refused with the nearest valid one."""
+    name, path = parse_spec(spec)
+    kind = PATH_KINDS.get(name, "file or folder")
+    if path is None or kind in ("built", "none"):
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"{name}: no such {kind}: {path}") from None
+    except (OSError, ValueError) as error:  # a folder on the way that cannot be entered; a NUL in the path
+        raise DataError(f"{name}: {path} cannot be read: {getattr(error, 'strerror', None) or error}") from None
+    if kind == "folder" and not stat.S_ISDIR(mode):
+        raise DataError(f"{name}: {path} is not a folder")
+    if kind == "file" and stat.S_ISDIR(mode):
+        raise DataError(f"{name}: {path} is a folder, not a file")
 
 
 def carve_validation(table: RetrievalTable, fraction: float, seed: int = 0) -> RetrievalTable:
@@ -110,6 +148,7 @@ def load_dataset(spec: str, *, seed: int = 0, check_counts: bool = True, val_fra
     Returns:
         The ``RetrievalTable``, its zero-shot protocol checked (``check_protocol``).
     """
+    check_data_path(spec)
     name, path = parse_spec(spec)
     table = DATASETS.build(name, path=path, seed=seed, check=check_counts, skip_bad=skip_bad)
     table.meta["spec"] = spec

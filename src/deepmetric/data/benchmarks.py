@@ -15,8 +15,9 @@ ignored: the DML protocol splits by class. ``crop=True`` (specs ``cub-cropped:PA
 ABE Table 5) gives every image its bounding box, so the table returns the box's pixels: CUB's
 ``bounding_boxes.txt`` (``id x y width height``, taken as 0-based pixels: box (x, y, x + width, y + height))
 and Cars' ``bbox_x1..bbox_y2`` (MATLAB's 1-based inclusive pixels: box (x1 - 1, y1 - 1, x2, y2)).
-Each loader accepts the data set's own folder (CUB's and SOP's also their parent folder), and the common
-flattened variants (e.g. In-Shop's partition file beside ``img/``).
+``cub`` with no path fetches the publisher's archive on first use (``deepmetric.data.download``); the other three
+need their ``PATH``. Each loader accepts the data set's own folder (CUB's and SOP's also their parent folder), and the
+common flattened variants (e.g. In-Shop's partition file beside ``img/``).
 """
 
 from __future__ import annotations
@@ -86,8 +87,13 @@ def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, 
     return table
 
 
-def load_cub(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalTable:
-    """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924); ``crop``: bounding boxes."""
+def load_cub(path: str | Path | None = None, check: bool = True, crop: bool = False) -> RetrievalTable:
+    """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924); ``crop``: bounding boxes. Without
+    ``path``, the publisher's archive is fetched to ``$DEEPMETRIC_DATA/cub`` on first use (``download.fetch``)."""
+    if path is None:
+        from .download import fetch
+
+        path = fetch("cub")
     given = Path(path)
     root = given / "CUB_200_2011" if (given / "CUB_200_2011" / "images.txt").is_file() else given
     images_txt = _find(root, ["images.txt"], "the image list images.txt", "cub")

@@ -6,6 +6,16 @@ each tarball, its sha512 is checked against the integrity hash the npm registry 
 here), and only the 64-px PNGs, ``emoji.json`` and the licence files are unpacked into ``$DEEPMETRIC_DATA/emoji``.
 ``emoji:PATH`` reads the tarballs (``NAME-VERSION.tgz``, as ``npm pack`` names them) or unpacked packages (a folder
 ``NAME`` or ``NAME-VERSION`` holding ``package.json``, or its ``package/``) from ``PATH``, with no network.
+``PATH`` must exist and hold the five pinned packages, checked every time (a tarball's sha512, a folder's
+``package.json`` version); when ``$DEEPMETRIC_DATA/emoji`` already holds a build of those same versions (from npm or
+another ``PATH``) that build is used, not unpacked again: it is the same drawings. A ``PATH`` that does not exist is
+refused (``emoji: no such folder: PATH``), never replaced by an earlier build.
+
+Everything read is checked before the folder counts as built: a ``package.json`` that is not an object with a
+``version``, an ``emoji.json`` that is not valid JSON or not a list of records with the fields the protocol reads
+(``unified`` code points, ``short_name``, ``category``, ``image``, ...), or too few emoji drawn by all five, is one
+``DataError`` naming the file and what is wrong, and leaves no ``meta.json``: the build is unpacked in a temporary
+folder and renamed to ``$DEEPMETRIC_DATA/emoji`` only once its catalogue has been read.
 
 The protocol (``emoji_classes``, ``split_of``):
 
@@ -57,7 +67,10 @@ RECALL_AT = (1, 2, 4, 8)
 EXCLUDED_CATEGORIES = ("Component",)
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
-IMAGE_NAME = re.compile(r"^[0-9a-f]+(-[0-9a-f]+)*\.png$")
+IMAGE_NAME = re.compile(r"[0-9a-f]+(-[0-9a-f]+)*\.png")  # matched whole (fullmatch)
+CODE_POINTS = re.compile(r"[0-9A-Fa-f]{1,6}(-[0-9A-Fa-f]{1,6})*")
+"""``unified``, ``non_qualified``, a skin variation's key: hexadecimal code points joined by ``-`` (``1F44B-1F3FB``)."""
+MAX_LISTED = 10  # malformed records a refusal lists before it counts the rest
 log = logging.getLogger("deepmetric")
 
 
@@ -152,6 +165,79 @@ def _skin_name(short_name: str, key: str) -> str:
     return f"{short_name} ({', '.join(tones)} skin tone)"
 
 
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _record_problems(record: object, what: str, base: bool) -> list[str]:
+    """What is wrong with one ``emoji.json`` record (``base``: an emoji; else a skin variation): the fields the
+    protocol reads and their types."""
+    if not isinstance(record, dict):
+        return [f"{what} is {_kind(record)}, not an object"]
+    problems = []
+    required = {"unified": "code points", "image": "a string"}
+    if base:
+        required.update(short_name="a string", category="a string")
+    for field, expected in required.items():
+        value = record.get(field)
+        if field not in record:
+            problems.append(f"{what} has no '{field}'")
+        elif not isinstance(value, str):
+            problems.append(f"{what}: '{field}' must be {expected}, not {_kind(value)}")
+        elif field == "unified" and not CODE_POINTS.fullmatch(value):
+            problems.append(f"{what}: 'unified' must be hexadecimal code points such as '1F44B-1F3FB', not "
+                            f"{value[:40]!r}")
+        elif field == "short_name" and not (value and value.isprintable()):
+            problems.append(f"{what}: 'short_name' {value[:40]!r} must be a non-empty printable name")
+    non_qualified = record.get("non_qualified")
+    if non_qualified is not None and not (isinstance(non_qualified, str) and CODE_POINTS.fullmatch(non_qualified)):
+        problems.append(f"{what}: 'non_qualified' must be code points or null, not {non_qualified!r:.40}")
+    for vendor in VENDORS:
+        flag = record.get(f"has_img_{vendor}")
+        if flag is not None and not isinstance(flag, bool):
+            problems.append(f"{what}: 'has_img_{vendor}' must be true or false, not {_kind(flag)}")
+    if not base:
+        return problems
+    variations = record.get("skin_variations")
+    if variations is not None and not isinstance(variations, dict):
+        return [*problems, f"{what}: 'skin_variations' must be an object, not {_kind(variations)}"]
+    for key, variation in (variations or {}).items():
+        if not CODE_POINTS.fullmatch(key):
+            problems.append(f"{what}: skin variation {key[:40]!r} is not named by code points")
+        problems.extend(_record_problems(variation, f"{what}'s skin variation {key[:40]!r}", base=False))
+    return problems
+
+
+def read_catalogue(data: bytes, where: str) -> list[dict]:
+    """``emoji.json``'s records, each checked for the fields the protocol reads (``where``: the file, as messages
+    name it); anything else is one ``DataError`` listing what is wrong."""
+    try:
+        catalogue = json.loads(data)
+    except (ValueError, RecursionError) as error:  # invalid JSON or UTF-8; nesting too deep
+        raise DataError(f"emoji: {where} is not valid JSON: {error}") from None
+    if not isinstance(catalogue, list):
+        raise DataError(f"emoji: {where} must be a list of emoji records, not {_kind(catalogue)}")
+    problems, seen = [], {}
+    for number, record in enumerate(catalogue):
+        unified = record.get("unified") if isinstance(record, dict) else None
+        what = f"record {number}" + (f" ({unified[:40]!r})" if isinstance(unified, str) else "")
+        found = _record_problems(record, what, base=True)
+        problems.extend(found)
+        if found:
+            continue
+        for variation in [record, *(record.get("skin_variations") or {}).values()]:
+            unified = variation["unified"].upper()
+            if unified in seen:
+                problems.append(f"{what}: code points {unified} are already those of record {seen[unified]}")
+            seen.setdefault(unified, number)
+    if problems:
+        more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        raise DataError(f"emoji: {where} is not the emoji-datasource catalogue ({len(problems)} problem(s)):\n  "
+                        + "\n  ".join(problems[:MAX_LISTED]) + more)
+    return catalogue
+
+
 def emoji_classes(catalogue: list[Mapping], available: Mapping[str, set[str]], skin: bool = False) -> list[EmojiClass]:
     """The protocol's classes, in catalogue order: base emoji outside ``EXCLUDED_CATEGORIES`` drawn by all five
     vendors (``available``: the PNG names each vendor ships), and with ``skin`` their skin-tone variants drawn by all
@@ -227,6 +313,32 @@ def _unpacked_root(folder: Path) -> Path | None:
     return None
 
 
+def _package_version(path: Path) -> str:
+    """The ``version`` of an unpacked package's ``package.json``."""
+    try:
+        manifest = json.loads(path.read_bytes())
+    except OSError as error:
+        raise DataError(f"emoji: {path} cannot be read: {error.strerror or error}") from None
+    except (ValueError, RecursionError) as error:
+        raise DataError(f"emoji: {path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"emoji: {path} must be an object with the package's name and version, not "
+                        f"{_kind(manifest)}")
+    version = manifest.get("version")
+    if not isinstance(version, str):
+        raise DataError(f"emoji: {path} has no version string ('version' is {_kind(version)})")
+    return version
+
+
+def source_folder(source: str | Path) -> Path:
+    """``emoji:PATH``'s folder: one that does not exist is refused, naming it."""
+    folder = Path(source)
+    if not folder.is_dir():
+        raise DataError(f"emoji: no such folder: {source}" if not folder.exists() else
+                        f"emoji: {source} is not a folder (expected the folder of the five packages' tarballs)")
+    return folder
+
+
 def find_source(source: Path, package: Package) -> Path:
     """``package``'s tarball or unpacked folder in ``source``, its version checked."""
     tarball = source / package.tarball
@@ -237,10 +349,7 @@ def find_source(source: Path, package: Package) -> Path:
         root = _unpacked_root(folder)
         if root is None:
             continue
-        try:
-            version = json.loads((root / "package.json").read_text(encoding="utf-8")).get("version")
-        except (OSError, ValueError) as error:
-            raise DataError(f"emoji: {root / 'package.json'} cannot be read: {error}") from None
+        version = _package_version(root / "package.json")
         if version != package.version:
             raise DataError(f"emoji: {root} holds {package.name} {version}; the emoji protocol is defined on "
                             f"{package.version} (npm pack {package.spec})")
@@ -261,7 +370,7 @@ def _tar_members(path: Path, package: Package) -> Iterator[tuple[str, bytes]]:
             for member in archive:
                 name = member.name
                 keep = name in KEPT_FILES or name == "package/emoji.json" or (
-                    name.startswith(package.images) and IMAGE_NAME.match(name[len(package.images):]))
+                    name.startswith(package.images) and IMAGE_NAME.fullmatch(name[len(package.images):]))
                 if keep and member.isfile():
                     handle = archive.extractfile(member)
                     if handle is not None:
@@ -279,7 +388,7 @@ def _folder_members(root: Path, package: Package) -> Iterator[tuple[str, bytes]]
     if not images.is_dir():
         raise DataError(f"emoji: {root} has no {inside} folder of 64-px drawings")
     for file in sorted(images.iterdir()):
-        if IMAGE_NAME.match(file.name) and file.is_file():
+        if IMAGE_NAME.fullmatch(file.name) and file.is_file():
             yield package.images + file.name, file.read_bytes()
 
 
@@ -302,27 +411,51 @@ def _unpack(source: Path, package: Package, target: Path, progress: bool) -> int
     return count
 
 
+def _origin(found: Path, package: Package, fetched: bool, member: str) -> str:
+    """How messages name ``member`` (``package/emoji.json``) of ``package`` read from ``found``."""
+    if fetched:
+        return f"{member} of {package.spec} (fetched with npm)"
+    return f"{member} in {found}" if found.is_file() else str(found / member.removeprefix("package/"))
+
+
+def _check_drawn(catalogue: list[dict], root: Path, where: str) -> list[EmojiClass]:
+    """The classes of ``catalogue`` over the drawings in ``root``; too few for the protocol is refused."""
+    available = {v: {p.name for p in (root / v / "64").glob("*.png")} for v in VENDORS}
+    classes = emoji_classes(catalogue, available)
+    if len(classes) < 4:
+        raise DataError(f"emoji: {where} lists only {len(classes)} emoji that all five vendors draw; the protocol "
+                        "needs at least 4")
+    return classes
+
+
 def build_emoji(root: Path | None = None, source: str | Path | None = None, progress: bool = True,
                 packages: Mapping[str, Package] | None = None) -> Path:
-    """Fetch (or read from ``source``) the five packages (default ``PACKAGES``) and unpack their drawings into
-    ``root`` (default ``data_home()/emoji``); the folder appears complete, with its ``meta.json``, or not at all."""
+    """Fetch (or read from folder ``source``) the five packages (default ``PACKAGES``) and unpack their drawings
+    into ``root`` (default ``data_home()/emoji``); the folder appears complete, its catalogue read and its
+    ``meta.json`` written, or not at all (a build that fails leaves what was there before)."""
     root = Path(root) if root is not None else data_home() / "emoji"
     packages = PACKAGES if packages is None else packages
+    folder = source_folder(source) if source is not None else None
     tmp = temporary_folder(root)
+    where = f"package/emoji.json of {CATALOGUE_VENDOR}'s package"
     try:
         with tempfile.TemporaryDirectory(prefix=".emoji-download.", dir=root.parent) as download:
             counts = {}
             for i, package in enumerate(packages.values(), 1):
-                if source is not None:
-                    found = find_source(Path(source), package)
+                if folder is not None:
+                    found = find_source(folder, package)
                 else:
                     log.info("emoji: fetching %s with npm (%d/%d)", package.spec, i, len(packages))
                     found = npm_pack(package, Path(download))
                 counts[package.vendor] = _unpack(found, package, tmp, progress)
-                if found.is_file() and source is None:
+                if package.vendor == CATALOGUE_VENDOR:
+                    where = _origin(found, package, folder is None, "package/emoji.json")
+                if found.is_file() and folder is None:
                     found.unlink()  # a tarball of 60-130 MB is not kept once unpacked
-        if not (tmp / CATALOGUE_VENDOR / "emoji.json").is_file():
-            raise DataError(f"emoji: {packages[CATALOGUE_VENDOR].spec} has no emoji.json")
+        catalogue_file = tmp / CATALOGUE_VENDOR / "emoji.json"
+        if not catalogue_file.is_file():
+            raise DataError(f"emoji: {where} does not exist: {packages[CATALOGUE_VENDOR].spec} has no emoji.json")
+        _check_drawn(read_catalogue(catalogue_file.read_bytes(), where), tmp, where)  # before it counts as built
         meta = {"format": FORMAT_VERSION, "packages": {p.vendor: p.spec for p in packages.values()},
                 "drawings": counts, "source": str(source) if source is not None else "npm"}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -339,11 +472,27 @@ def build_emoji(root: Path | None = None, source: str | Path | None = None, prog
 
 def _is_built(root: Path, packages: Mapping[str, Package]) -> bool:
     try:
-        meta = json.loads((root / "meta.json").read_text())
-    except (OSError, ValueError):
+        meta = json.loads((root / "meta.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
         return False
-    return meta.get("format") == FORMAT_VERSION and meta.get("packages") == {
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_VERSION and meta.get("packages") == {
         p.vendor: p.spec for p in packages.values()}
+
+
+def _built_catalogue(root: Path, packages: Mapping[str, Package]) -> list[dict] | None:
+    """``root``'s catalogue when ``root`` holds a complete build of ``packages`` (its ``meta.json`` names them and its
+    ``emoji.json`` reads), else None; a build whose catalogue does not read is logged, to be built again."""
+    if not _is_built(root, packages):
+        return None
+    file = root / CATALOGUE_VENDOR / "emoji.json"
+    try:
+        return read_catalogue(file.read_bytes(), str(file))
+    except OSError as error:
+        problem = f"{file} cannot be read: {error.strerror or error}"
+    except DataError as error:
+        problem = str(error).removeprefix("emoji: ")
+    log.warning("emoji: %s is not a complete build (%s); building it again", root, problem)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -351,18 +500,28 @@ def _is_built(root: Path, packages: Mapping[str, Package]) -> bool:
 def load_emoji(path: str | Path | None = None, check: bool = True, skin: bool = False, root: str | Path | None = None,
                packages: Mapping[str, Package] | None = None, progress: bool = True) -> RetrievalTable:
     """The emoji table (``skin``: with the skin-tone variants), building ``root`` (default ``data_home()/emoji``)
-    first when it is missing or holds other package versions; ``path`` is where the packages are read from instead
-    of npm. ``check`` refuses split sizes other than the pinned versions' (``PUBLISHED``)."""
+    first when it is missing or holds other package versions; ``path`` is the folder the packages are read from
+    instead of npm: it must exist and hold them (checked, and unpacked only when ``root`` holds no build of the same
+    versions). ``check`` refuses split sizes other than the pinned versions' (``PUBLISHED``)."""
     name = "emoji-skin" if skin else "emoji"
     root = Path(root) if root is not None else data_home() / "emoji"
     packages = PACKAGES if packages is None else packages
-    if not _is_built(root, packages):
-        build_emoji(root, source=path, progress=progress, packages=packages)
-    catalogue = json.loads((root / CATALOGUE_VENDOR / "emoji.json").read_text(encoding="utf-8"))
+    folder = source_folder(path) if path is not None else None  # first: never an earlier build in its place
+    catalogue = _built_catalogue(root, packages)
+    if catalogue is None:
+        build_emoji(root, source=folder, progress=progress, packages=packages)
+        catalogue = _built_catalogue(root, packages)
+        if catalogue is None:
+            raise DataError(f"emoji: {root} was built but does not read back; another process may be writing it")
+    elif folder is not None:  # the same versions are built: PATH is checked to hold them, not unpacked again
+        for package in packages.values():
+            find_source(folder, package)
+        log.info("emoji: %s holds the packages %s was built from; using that build", path, root)
     available = {v: {p.name for p in (root / v / "64").glob("*.png")} for v in VENDORS}
     classes = emoji_classes(catalogue, available, skin=skin)
     if len(classes) < 4:
-        raise DataError(f"emoji: only {len(classes)} emoji are drawn by all five vendors in {root}; rebuild it")
+        raise DataError(f"emoji: only {len(classes)} emoji are drawn by all five vendors in {root}; delete it to "
+                        "build it again")
     train = training_bases(classes)
     images, labels, splits = [], [], []
     for label, emoji in enumerate(classes):

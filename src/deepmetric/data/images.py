@@ -1,8 +1,10 @@
 """Decode one image file to an RGB uint8 array, naming the file when it cannot be read; cut out a bounding box.
 
-Valid unusual formats are converted rather than rejected: palette and grayscale images become RGB,
-transparency is composited on white, CMYK is converted, 16-bit and 32-bit integer images are scaled
-to 8 bits.
+Valid unusual formats are converted rather than rejected, every PIL mode through the same three steps
+(``to_rgb``, described for other implementations by ``RGB_CONVERSION``, which ``deepmetric export`` writes into the
+model's JSON): 16-bit, 32-bit integer and float pixels are scaled to 8-bit gray; anything transparent (an alpha band,
+or a palette / gray / RGB colour key in ``image.info["transparency"]``) is composited on white; every other mode
+(palette, grayscale, 1-bit, CMYK, YCbCr, ...) becomes RGB by PIL's own conversion.
 """
 
 from __future__ import annotations
@@ -23,22 +25,61 @@ from its header, before its pixels are decoded (a 20,000 x 20,000 PNG of zeros i
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
+DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+"""PIL modes of more than 8 bits a channel, scaled to 8-bit gray first (``to_rgb``, step 1)."""
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa")
+"""PIL modes with an alpha band (``RGBa``: premultiplied, as some TIFFs), composited on ``BACKGROUND`` (step 2)."""
+BACKGROUND = (255, 255, 255)
+"""What transparent pixels are composited on: white."""
+
+RGB_CONVERSION = {
+    "library": "deepmetric.data.images.to_rgb",
+    "decode": "PIL.Image.open, its first frame, pixels as stored (the EXIF orientation is not applied)",
+    "depth": {
+        "modes": list(DEEP_MODES),
+        "I;16 (I;16B, I;16L, I;16N alike)": "gray = clip(floor(v / 65535 * 255 + 0.5), 0, 255), as 8-bit L",
+        "I": "the same, dividing by 65535 when any pixel is above 255, else by 255",
+        "F": "gray = floor((v - min) / max(max - min, 1e-12) * 255 + 0.5)",
+        "transparency": "where image.info holds a 'transparency' value, the pixels equal to it (compared before "
+                        "scaling) get alpha 0 and the rest alpha 255: the 8-bit gray becomes LA",
+    },
+    "transparency": {
+        "when": "the mode is one of alpha_modes (LA too when step 1 found a transparency key), or image.info holds "
+                "a 'transparency' key (a palette index or table of alphas, a gray value, an RGB colour)",
+        "alpha_modes": list(ALPHA_MODES),
+        "how": "PIL Image.convert('RGBA'), then PIL.Image.alpha_composite on an opaque background of that colour: "
+               "c' = round((c * a + background * (255 - a)) / 255) for c in R, G, B",
+        "background": list(BACKGROUND),
+    },
+    "colour": "every other mode (P without transparency, L, 1, CMYK, YCbCr, LAB, HSV, RGBX) by PIL "
+              "Image.convert('RGB'); no ICC colour profile is applied",
+    "result": "8-bit RGB, (H, W, 3) uint8",
+}
+"""``to_rgb`` in words and values, for a reimplementation without deepmetric (the export's JSON carries it)."""
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Convert any PIL mode to 8-bit RGB (alpha composited on white, deep integer modes rescaled)."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+    """Any PIL mode as 8-bit RGB, in three steps (``RGB_CONVERSION``): (1) pixels deeper than 8 bits
+    (``DEEP_MODES``) are scaled to 8-bit gray, a transparency key kept as alpha; (2) anything transparent (an alpha
+    band, or a transparency key in ``image.info``: palette, gray, 1-bit or RGB) is composited on white;
+    (3) the rest is converted by PIL (palette, grayscale, CMYK, ...)."""
+    key = image.info.get("transparency")
+    if image.mode in DEEP_MODES:
         array = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
-        image = Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
-    elif image.mode == "F":
-        array = np.asarray(image, dtype=np.float64)
-        span = max(array.max() - array.min(), 1e-12)
-        image = Image.fromarray(((array - array.min()) / span * 255.0 + 0.5).astype(np.uint8), mode="L")
-    if image.mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-    if image.mode in ("RGBA", "LA", "PA"):
+        if image.mode == "F":
+            scaled = (array - array.min()) / max(array.max() - array.min(), 1e-12) * 255.0
+        else:
+            top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
+            scaled = array / top * 255.0
+        gray = np.clip(scaled + 0.5, 0, 255).astype(np.uint8)
+        if isinstance(key, (int, float)):
+            alpha = np.where(array == key, 0, 255).astype(np.uint8)
+            image = Image.fromarray(np.stack([gray, alpha], axis=-1), mode="LA")
+        else:
+            image = Image.fromarray(gray, mode="L")
+    if image.mode in ALPHA_MODES or "transparency" in image.info:
         rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, rgba)
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (*BACKGROUND, 255)), rgba)
     return image.convert("RGB") if image.mode != "RGB" else image
 
 

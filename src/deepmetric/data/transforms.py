@@ -22,15 +22,11 @@ Padding is black (ABE does not say with what it pads).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
-
-ABE_TEST_SCALE = 256 / 224  # ABE §4: longer side 256, centre crop 224
+from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES, resized_size, test_resize_plan
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -46,12 +42,6 @@ def _resize_longer(image: torch.Tensor, longer: int) -> torch.Tensor:
     scale = longer / max(height, width)
     size = [max(1, round(height * scale)), max(1, round(width * scale))]
     return F.resize(image, size, antialias=True)
-
-
-def _resize_shorter(image: torch.Tensor, shorter: int) -> torch.Tensor:
-    height, width = image.shape[-2:]
-    scale = shorter / min(height, width)
-    return F.resize(image, [max(shorter, round(height * scale)), max(shorter, round(width * scale))], antialias=True)
 
 
 def _pad_to(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -96,27 +86,23 @@ class TrainTransform:
 
 class TestTransform:
     """Deterministic test-time resizing: ``resize``, ``resize_crop``, ``pad_crop``, ``stretch_crop`` or
-    ``short_crop`` (module docstring)."""
+    ``short_crop`` (module docstring), run as the steps of ``resizing.test_resize_plan`` (``plan``), which an
+    export writes into the model's JSON."""
 
     def __init__(self, size: int, mode: str = "resize"):
         if mode not in TEST_RESIZE_MODES:
             raise ValueError(f"mode must be one of {TEST_RESIZE_MODES}, got '{mode}'")
         self.size = size
         self.mode = mode
+        self.plan = test_resize_plan(size, mode)
 
     def __call__(self, image: np.ndarray, seed: int = 0) -> torch.Tensor:
         tensor = to_tensor(image)
-        if self.mode == "resize":
-            if tuple(tensor.shape[-2:]) != (self.size, self.size):
-                tensor = F.resize(tensor, [self.size, self.size], antialias=True)
-        else:
-            side = math.ceil(self.size * 1.144) if self.mode == "resize_crop" else \
-                max(self.size, round(self.size * ABE_TEST_SCALE))
-            if self.mode == "pad_crop":  # the aspect ratio kept, the shorter side padded
-                tensor = _pad_to(_resize_longer(tensor, side), side)
-            elif self.mode == "short_crop":  # the aspect ratio kept, the longer side cropped
-                tensor = _resize_shorter(tensor, side)
-            else:  # resize_crop, stretch_crop: squashed to a square
-                tensor = F.resize(tensor, [side, side], antialias=True)
-            tensor = F.center_crop(tensor, [self.size, self.size])
+        shape = resized_size(tensor.shape[-2], tensor.shape[-1], self.plan["resize"])
+        if tuple(tensor.shape[-2:]) != shape:  # bilinear, antialiased when shrinking
+            tensor = F.resize(tensor, list(shape), antialias=True)
+        if self.plan["pad"]:
+            tensor = _pad_to(tensor, self.plan["pad"]["size"])
+        if self.plan["crop"]:
+            tensor = F.center_crop(tensor, [self.plan["crop"]["size"]] * 2)
         return tensor.float().div_(255.0)

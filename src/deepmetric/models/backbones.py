@@ -334,6 +334,20 @@ def check_backbone_name(name: str) -> None:
     BACKBONES.check(name)
 
 
+def check_backbone_exists(name: str) -> None:
+    """``check_backbone_name``, and for ``timm:<name>`` that timm knows the model (importing timm, a few seconds:
+    done by ``train`` before its run folder is made, not by config validation); ``timm:hf-hub:…`` and
+    ``timm:local-dir:…`` are checked when built."""
+    check_backbone_name(name)
+    prefix, _, model = name.partition(":")
+    if prefix != "timm" or model.startswith(("hf-hub:", "local-dir:")):
+        return
+    import timm
+
+    if not timm.is_model(model):
+        raise ConfigError(f"timm has no model '{model}'{did_you_mean(model, timm.list_models())}")
+
+
 def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | None = None,
                     freeze_bn: bool | str = True, weights: str | None = None, trust_pickle: bool = False) -> Backbone:
     """Build backbone ``name`` and cut it after stage ``split`` (None: after the last stage). ``freeze_bn``:

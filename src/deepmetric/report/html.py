@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import yaml
 
+from ..data import check_data_path
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
@@ -152,6 +153,7 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     same checkpoint (from ``evaluate_run_embeddings``), which are then not computed again."""
     run = RunDir(run_dir)
     config = run.config()
+    check_data_path(config.data.spec)  # a missing data folder, before the model
     device = resolve_device(config.train.device)
     model, _, checkpoint = load_run_model(run.path, which, device)
     test, _ = load_table(config, progress, only_split="test")

@@ -1,9 +1,10 @@
 """``deepmetric study FILE --dry-run``: every run of a study listed and built, no image read, nothing written.
 
 For each run: its name, repeat (seed or split) and the settings that make it differ from the base config; then
-its config is built, and its model (with the weights it names: a missing file or an unreachable download is that
-run's failure), objective and optimiser groups, as ``deepmetric train`` builds them. Runs that resolve to the
-same model, objective and groups are built once.
+its config is built, its data path checked to exist (``data.check_data_path``: the study file's placeholder path
+fails here until the command line gives the real one), and its model (with the weights it names: a missing file
+or an unreachable download is that run's failure), objective and optimiser groups, as ``deepmetric train`` builds
+them. Runs that resolve to the same model, objective and groups are built once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import build_config
+from ..data import check_data_path
 from ..errors import DeepMetricError
 from .spec import StudyRun, StudySpec
 
@@ -75,6 +77,7 @@ def dry_run(spec: StudySpec) -> list[DryRunRow]:
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
         try:
             config = build_config(*run.layers)
+            check_data_path(config.data.spec)
             plain = config.to_dict()
             key = json.dumps({k: plain[k] for k in ("model", "loss", "generator")} | {"train": plain["train"]},
                              sort_keys=True)

@@ -201,7 +201,8 @@ class RunDir:
             return
         if self.path.exists() and not self.path.is_dir():
             raise DeepMetricError(f"{self.path} is a file, not a run folder; choose another --out")
-        created = [folder for folder in (self.path, *self.path.parents) if not folder.exists()]
+        real = self.path.resolve()  # '..' and links resolved: the folders removed below are the ones made here
+        created = [folder for folder in (real, *real.parents) if not folder.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = os.fdopen(open_in_place(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import check_tensorboard
+from ..errors import DeepMetricError
 
 
 class TensorBoardScalars:
@@ -22,6 +23,9 @@ class TensorBoardScalars:
 
     def __init__(self, folder: Path, start_step: int = 0):
         check_tensorboard()
+        if folder.is_symlink() or folder.exists() and not folder.is_dir():
+            raise DeepMetricError(f"{folder} is not a folder (a file or a link is there): train.tensorboard writes "
+                                  "its events into that folder; move it away, or set train.tensorboard=false")
         from torch.utils.tensorboard import SummaryWriter
 
         # events of steps after the checkpoint (start_step), which a killed session may have written, are dropped

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig, save_config
-from ..data import PKSampler, TestTransform, TrainTransform
+from ..data import PKSampler, TestTransform, TrainTransform, check_data_path
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
@@ -36,6 +36,7 @@ from ..generators import Generator, build_generator
 from ..io import atomic_write_text, optimizer_from_flat, optimizer_to_flat, prefixed, to_json, unprefixed
 from ..losses import Objective, build_objective, check_objective
 from ..models import Embedder
+from ..models.backbones import check_backbone_exists
 from ..progress import progress_bar
 from ..provenance import environment
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -352,8 +353,11 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
 
     Rank 0 holds the run folder for the whole run (``RunDir.claimed``: a second training into it is refused);
     then the steps: set up the process, build and check every piece (``_build_session``), the first writes,
-    the loop.
+    the loop. A data path that does not exist, or a timm model that timm does not know, is refused first, before the
+    run folder, the weights or the model.
     """
+    check_data_path(config.data.spec)
+    check_backbone_exists(config.model.backbone)  # timm:<name> too: an unknown model makes no run folder
     context = context_from_env()
     run = RunDir(out)
     with run.claimed() if context.is_main else contextlib.nullcontext():

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
-from ..data import load_dataset
+from ..data import check_data_path, load_dataset
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
@@ -63,9 +63,21 @@ def _as_image(tensor: torch.Tensor) -> np.ndarray:
     return tensor.permute(1, 2, 0).clamp(0, 1).numpy()
 
 
-def _output_name(file: Path, root: Path) -> str:
-    relative = file.relative_to(root) if root.is_dir() else Path(file.name)
-    return "__".join(relative.with_suffix("").parts) + ".png"
+def output_names(files: list[Path], root: Path) -> list[str]:
+    """One distinct PNG name per image: its path under ``root`` without suffix, ``__`` between folders
+    (``sub/x.jpg`` -> ``sub__x.png``); a name that repeats (``dup.jpg`` beside ``dup.png``, ``sub/x.png`` beside
+    ``sub__x.png``) gets ``-2``, ``-3``, … in the order of ``files`` (two images had written one overlay)."""
+    names, taken = [], set()
+    for file in files:
+        relative = file.relative_to(root) if root.is_dir() else Path(file.name)
+        stem = "__".join(relative.with_suffix("").parts)
+        name, number = f"{stem}.png", 1
+        while name.lower() in taken:  # case-insensitive file systems too
+            number += 1
+            name = f"{stem}-{number}.png"
+        taken.add(name.lower())
+        names.append(name)
+    return names
 
 
 def explain_images(run_dir: str | Path, images: str | Path, out: str | Path, which: str = "auto",
@@ -76,10 +88,11 @@ def explain_images(run_dir: str | Path, images: str | Path, out: str | Path, whi
     files = list_images(root)
     table = files_table(str(root), files)
     out = Path(out)
+    names = output_names(files, root)
     written = []
     for batch, attention, rows in _attention_batches(model, table, config, device, batch_size, progress):
         for image, maps, row in zip(batch, attention, rows.tolist(), strict=True):
-            path = out / _output_name(files[row], root)
+            path = out / names[row]
             title = f"{files[row].name} — {model.spec['head']}, {len(maps)} {model.head.part_name}s"
             atomic_write_bytes(path, image_overlays(_as_image(image), maps, title, model.head.part_name))
             written.append(path)
@@ -92,6 +105,7 @@ def explain_dataset(run_dir: str | Path, out: str | Path, data_spec: str | None 
     """Write ``OUT/top<k>-<split>.png``: per group, the ``top`` images of ``split`` with the highest peak."""
     if top < 1:
         raise DeepMetricError(f"--top must be at least 1, got {top}")
+    check_data_path(data_spec or RunDir(run_dir).config().data.spec)  # a missing data folder, before the model
     model, config, device = _load(run_dir, which)
     d = config.data
     if data_spec and data_spec != d.spec:

@@ -1,0 +1,269 @@
+"""``--data cub`` with no path: the publisher's archive fetched, checked, resumed and unpacked, against a local HTTP
+server on 127.0.0.1 serving a small replica of ``CUB_200_2011.tgz`` with the real layout; nothing reaches the
+internet."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+
+import pytest
+from PIL import Image
+
+from deepmetric.data import download as download_module
+from deepmetric.data import load_dataset
+from deepmetric.errors import DataError
+
+CLASSES = {1: "001.Black_footed_Albatross", 2: "002.Laysan_Albatross", 101: "101.White_Pelican",
+           102: "102.Western_Wood_Pewee"}
+
+
+def replica_archive() -> bytes:
+    """A CUB_200_2011.tgz with the real files: two images in each of two training and two test classes."""
+    files = {}
+    images, labels, split = [], [], []
+    for number, (label, folder) in enumerate([(c, f) for c, f in CLASSES.items() for _ in range(2)], 1):
+        name = f"{folder}/{folder[4:]}_{number:04d}_{number}.jpg"
+        buffer = io.BytesIO()
+        Image.new("RGB", (12, 10), (number * 20, 40, 200 - number * 10)).save(buffer, "JPEG")
+        files[f"CUB_200_2011/images/{name}"] = buffer.getvalue()
+        images.append(f"{number} {name}")
+        labels.append(f"{number} {label}")
+        split.append(f"{number} {number % 2}")
+    files["CUB_200_2011/images.txt"] = "\n".join(images).encode() + b"\n"
+    files["CUB_200_2011/image_class_labels.txt"] = "\n".join(labels).encode() + b"\n"
+    files["CUB_200_2011/train_test_split.txt"] = "\n".join(split).encode() + b"\n"
+    files["CUB_200_2011/classes.txt"] = "".join(f"{c} {f}\n" for c, f in CLASSES.items()).encode()
+    files["attributes.txt"] = b"1 has_bill_shape::curved_(up_or_down)\n"  # the real archive has it at the top
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for folder in ("CUB_200_2011", "CUB_200_2011/images", *(f"CUB_200_2011/images/{f}" for f in CLASSES.values())):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+ARCHIVE = replica_archive()
+
+
+class Server:
+    """A local server of ``data`` at ``/CUB_200_2011.tgz`` that honours ``Range: bytes=N-``; ``cut`` responses are
+    sent half and the connection closed; every request's Range header is logged."""
+
+    def __init__(self, data: bytes = ARCHIVE, cut: int = 0, status: int = 200):
+        self.data, self.cut, self.status, self.ranges = data, cut, status, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                server.ranges.append(self.headers.get("Range"))
+                if server.status != 200:
+                    self.send_error(server.status)
+                    return
+                start = 0
+                if self.headers.get("Range"):
+                    start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
+                    if start >= len(server.data):
+                        self.send_error(416)
+                        return
+                body = server.data[start:]
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(server.data) - 1}/{len(server.data)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Type", "application/x-tar")
+                self.end_headers()
+                if server.cut:
+                    server.cut -= 1
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/CUB_200_2011.tgz"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve(tmp_path, monkeypatch):
+    """Start a ``Server`` and point ``ARCHIVES['cub']`` at it (the replica's MD5 and size); DEEPMETRIC_DATA is
+    ``tmp_path/data``; no proxy is used."""
+    for variable in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(download_module, "RETRY_WAIT_S", 0.0)
+    monkeypatch.setattr(download_module, "TIMEOUT_S", 10.0)
+    servers = []
+
+    def start(md5: str | None = None, **options) -> Server:
+        server = Server(**options)
+        servers.append(server)
+        archive = dataclasses.replace(download_module.ARCHIVES["cub"], url=server.url, size=len(server.data),
+                                      md5=md5 or hashlib.md5(server.data).hexdigest())
+        monkeypatch.setitem(download_module.ARCHIVES, "cub", archive)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def leftovers(tmp_path) -> list[str]:
+    """What is in DEEPMETRIC_DATA besides a built ``cub`` folder."""
+    data = tmp_path / "data"
+    return sorted(p.name for p in data.iterdir() if p.name != "cub") if data.exists() else []
+
+
+def test_cub_without_a_path_is_fetched_checked_unpacked_and_loaded(tmp_path, serve):
+    server = serve()
+    table = load_dataset("cub", check_counts=False)
+    root = tmp_path / "data" / "cub"
+    assert len(table.images) == 8 and sorted(set(table.labels.tolist())) == [1, 2, 101, 102]
+    assert set(table.classes("train")) == {1, 2} and set(table.classes("test")) == {101, 102}
+    assert all(p.startswith(str(root / "CUB_200_2011" / "images")) for p in table.images)
+    assert table.class_names[101] == "101.White_Pelican"
+    assert download_module.is_built(root, download_module.ARCHIVES["cub"])
+    assert (root / "CUB_200_2011" / "train_test_split.txt").is_file() and (root / "attributes.txt").is_file()
+    assert leftovers(tmp_path) == []  # no .part, no archive, no temporary folder
+    assert server.ranges == [None]
+
+
+def test_a_second_call_uses_the_built_folder_without_network(tmp_path, serve):
+    server = serve()
+    load_dataset("cub", check_counts=False)
+    server.stop()
+    table = load_dataset("cub", check_counts=False)  # the server is gone: a request would fail
+    assert len(table.images) == 8 and server.ranges == [None]
+
+
+def test_a_checksum_mismatch_deletes_the_file_and_builds_nothing(tmp_path, serve):
+    server = serve(md5="0" * 32)
+    with pytest.raises(DataError, match=rf"^cub: {server.url} sent a file whose MD5 is "
+                                        rf"{hashlib.md5(ARCHIVE).hexdigest()} .*not the published 0{{32}}; it was "
+                                        "deleted"):
+        load_dataset("cub", check_counts=False)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "data" / "cub").exists()
+
+
+def test_a_cut_download_is_kept_and_resumed_with_a_range_request(tmp_path, serve, monkeypatch):
+    monkeypatch.setattr(download_module, "ATTEMPTS", 1)
+    server = serve(cut=1)
+    with pytest.raises(DataError, match=rf"cut after .* bytes.*{len(ARCHIVE) // 2:,} bytes received are kept in "
+                                        r".*CUB_200_2011\.tgz\.part and the download resumes when run again"):
+        load_dataset("cub", check_counts=False)
+    part = tmp_path / "data" / "CUB_200_2011.tgz.part"
+    assert part.read_bytes() == ARCHIVE[: len(ARCHIVE) // 2]
+    assert not (tmp_path / "data" / "cub").exists()
+    table = load_dataset("cub", check_counts=False)
+    assert len(table.images) == 8
+    assert server.ranges == [None, f"bytes={len(ARCHIVE) // 2}-"]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_cut_connection_is_resumed_within_the_same_call(tmp_path, serve):
+    server = serve(cut=2)
+    table = load_dataset("cub", check_counts=False)
+    half = len(ARCHIVE) // 2
+    assert len(table.images) == 8
+    assert server.ranges == [None, f"bytes={half}-", f"bytes={half + (len(ARCHIVE) - half) // 2}-"]
+
+
+def test_a_full_disk_is_one_error_naming_the_folder_and_the_bytes(tmp_path, serve, monkeypatch):
+    serve()
+
+    def full(handle, block):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(download_module, "_write_block", full)
+    with pytest.raises(DataError) as caught:
+        load_dataset("cub", check_counts=False)
+    assert str(caught.value) == (f"cub: no space left in {tmp_path / 'data'}: the download of CUB_200_2011.tgz "
+                                 f"needs {len(ARCHIVE):,} bytes more; free some space (or point DEEPMETRIC_DATA at "
+                                 "a larger disk) and run again")
+    assert not (tmp_path / "data" / "cub").exists()
+
+
+def test_a_full_disk_while_unpacking_leaves_no_half_unpacked_folder(tmp_path, serve, monkeypatch):
+    server = serve()
+    calls, real_extract = [], download_module._extract
+
+    def extract(tar, member, folder):
+        calls.append(member.name)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        tar.extract(member, folder, filter="data")
+
+    monkeypatch.setattr(download_module, "_extract", extract)
+    with pytest.raises(DataError, match=rf"^cub: no space left in {tmp_path / 'data'}: unpacking CUB_200_2011.tgz "
+                                        r"needs [0-9,]+ bytes more"):
+        load_dataset("cub", check_counts=False)
+    assert leftovers(tmp_path) == ["CUB_200_2011.tgz"]  # the checked archive is kept, no temporary folder
+    assert not (tmp_path / "data" / "cub").exists()
+    monkeypatch.setattr(download_module, "_extract", real_extract)  # space freed: unpacked with no second download
+    assert len(load_dataset("cub", check_counts=False).images) == 8 and server.ranges == [None]
+
+
+def test_a_folder_without_the_marker_is_not_taken_as_built(tmp_path, serve):
+    server = serve()
+    half = tmp_path / "data" / "cub" / "CUB_200_2011"
+    (half / "images").mkdir(parents=True)
+    (half / "images.txt").write_text("1 a/b.jpg\n")  # an unpack cut short, with no meta.json
+    table = load_dataset("cub", check_counts=False)
+    assert len(table.images) == 8 and server.ranges == [None]
+
+
+def test_an_archive_without_the_layout_is_refused(tmp_path, serve):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        info = tarfile.TarInfo("CUB_200_2011/images.txt")
+        tar.addfile(info, io.BytesIO(b""))
+    serve(data=out.getvalue())
+    with pytest.raises(DataError, match=r"does not hold CUB_200_2011/\{images.txt, image_class_labels.txt, "
+                                        r"images/\}: image_class_labels.txt, images/ missing"):
+        load_dataset("cub", check_counts=False)
+    assert not (tmp_path / "data" / "cub").exists()
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["CUB_200_2011.tgz"]
+
+
+def test_an_http_error_names_the_url(tmp_path, serve):
+    server = serve(status=404)
+    with pytest.raises(DataError, match=rf"^cub: {server.url} answered HTTP 404 Not Found; download "
+                                        r"CUB_200_2011.tgz from https://data.caltech.edu/records/65de6-vp158 "
+                                        "yourself, unpack it and use --data cub:PATH$"):
+        load_dataset("cub", check_counts=False)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("spec", "page", "layout"), [
+    ("cars", "https://ai.stanford.edu/~jkrause/cars/car_dataset.html", "cars_annos.mat and car_ims/"),
+    ("cars-cropped", "https://ai.stanford.edu/~jkrause/cars/car_dataset.html", "cars_annos.mat and car_ims/"),
+    ("sop", "https://cvgl.stanford.edu/projects/lifted_struct/", "Ebay_train.txt, Ebay_test.txt"),
+    ("inshop", "https://mmlab.ie.cuhk.edu.hk/projects/DeepFashion/InShopRetrieval.html",
+     "Eval/list_eval_partition.txt and Img/img/")])
+def test_the_benchmarks_not_fetched_say_where_their_official_files_are(spec, page, layout):
+    with pytest.raises(DataError) as caught:
+        load_dataset(spec)
+    message = str(caught.value)
+    assert message.startswith(f"data set '{spec}' needs a path: {spec}:PATH. ")
+    assert page in message and layout in message and f"--data {spec.removesuffix('-cropped')}:PATH" in message
