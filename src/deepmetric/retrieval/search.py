@@ -71,20 +71,28 @@ class IndexSearcher:
         return scores, ids
 
 
+def index_checkpoint(index_dir: str | Path, model_info: dict[str, Any], verify: bool = True) -> Path:
+    """The checkpoint file of an index's model record (``read_manifest(..., model=True).model``): it must exist and,
+    with ``verify``, be the file the index was built with (its SHA-256), else queries would be embedded by another
+    model."""
+    checkpoint = Path(model_info["checkpoint"])
+    if not checkpoint.is_file():
+        raise IndexStoreError(f"the index's model checkpoint {checkpoint} is missing (moved or deleted run "
+                              "directory? it is looked for where it lay relative to the index folder, then where "
+                              "the index was written); restore the run or rebuild the index")
+    if verify and file_sha256(checkpoint) != model_info["checkpoint_sha256"]:
+        raise IndexStoreError(f"{checkpoint} has changed since {index_dir} was built (the run was trained "
+                              "further?): queries would be embedded by another model; rebuild the index")
+    return checkpoint
+
+
 class Searcher(IndexSearcher):
     """An index with its model: search by image (array or file)."""
 
     def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
         super().__init__(index_dir, model=True)  # the model record checked, its paths found where the index is now
         model_info = self.manifest.model
-        checkpoint = Path(model_info["checkpoint"])
-        if not checkpoint.is_file():
-            raise IndexStoreError(f"the index's model checkpoint {checkpoint} is missing (moved or deleted run "
-                                  "directory? it is looked for where it lay relative to the index folder, then where "
-                                  "the index was written); restore the run or rebuild the index")
-        if verify_checkpoint and file_sha256(checkpoint) != model_info["checkpoint_sha256"]:
-            raise IndexStoreError(f"{checkpoint} has changed since {self.index_dir} was built (the run was trained "
-                                  "further?): queries would be embedded by another model; rebuild the index")
+        checkpoint = index_checkpoint(self.index_dir, model_info, verify_checkpoint)
         self.model, _ = model_from_checkpoint(checkpoint, device)
         self.device = torch.device(device)
         self.transform = TestTransform(int(model_info["image_size"]), model_info["test_resize"])

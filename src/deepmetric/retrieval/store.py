@@ -15,7 +15,8 @@ Nothing is pickled: the formats are JSON, safetensors and faiss' own flat binary
 
 Item ``i`` is the image of row ``i``: ``{"id": i, "source": s, "path": p}`` where ``p`` is relative to the
 gallery folder ``sources[s]`` (indexes written before this rule may hold an absolute ``p``); ``path`` is null for an
-index built from vectors alone (the benchmark's synthetic index).
+index built from vectors alone (the benchmark's synthetic index) or from images in memory (``deepmetric.Index``). An
+item may also hold ``"name"``, what a search shows for it instead of its path (names given in Python).
 
 Paths and moves: ``model.run_dir``, ``model.checkpoint`` and ``sources`` are written relative to the index folder
 (``../gallery``) when they share a folder with it below the file system's root, else absolute; ``origin`` is the
@@ -104,10 +105,13 @@ class IndexManifest:
         return Path(self.sources[item["source"]]) / item["path"]
 
     def name(self, item_id: int) -> str:
-        """What to show for an item: its path relative to its gallery folder, or ``#id`` without a file. Never an
-        absolute path: an item stored absolute (an index written before items were always relative) shows its
-        file name."""
-        path = self.items[item_id].get("path")
+        """What to show for an item: the name it was given (``deepmetric.Index``), else its path relative to its
+        gallery folder, or ``#id`` without a file. Never an absolute path from a file: an item stored absolute (an
+        index written before items were always relative) shows its file name."""
+        item = self.items[item_id]
+        if isinstance(item.get("name"), str):
+            return item["name"]
+        path = item.get("path")
         if path is None:
             return f"#{item_id}"
         return Path(path).name if os.path.isabs(path) else str(path)
@@ -240,6 +244,7 @@ def _items(data: dict[str, Any], sources: list[str]) -> list[dict[str, Any]]:
             _value(item, "source", f"{label}.source", lambda v: _is_int(v, 0, 1 << 31), "an integer", 0)
         else:
             _value(item, "source", f"{label}.source", lambda v: _is_int(v, 0, len(sources) - 1), last)
+        _value(item, "name", f"{label}.name", lambda v: isinstance(v, str) and v != "", "a non-empty string", None)
     return items
 
 
