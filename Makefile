@@ -2,6 +2,7 @@
 #   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
 #   make demo-glyphs   the same on the offline glyphs toy set
 #   make test   set up with the dev dependencies and run the test suite
+#   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,7 +20,7 @@ DEMO_PACKAGES := npm
 BROWSER_PACKAGES := chromium chromium-driver
 DEMO_RUN ?= runs/demo
 
-.PHONY: demo demo-glyphs test install install-dev system-packages demo-packages lint clean
+.PHONY: demo demo-glyphs test install install-dev system-packages demo-packages lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,5 +77,10 @@ test: install-dev system-packages
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks
 
+# --strict: a broken link or anchor, a page left out of the navigation or an unresolved API reference fails the build
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	@echo "documentation: site/index.html"
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info .pytest_cache .ruff_cache

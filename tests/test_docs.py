@@ -1,26 +1,211 @@
-"""The documentation's examples run as written."""
+"""The documentation's examples run as written: README.md and every page of docs/ (the site's pages).
+
+A fenced block tagged ``bash``, ``sh``, ``shell``, ``console`` or ``python`` is either run here or preceded (on the
+line right before its fence) by a marker saying why not::
+
+    <!-- not run: needs the CUB images -->
+    <!-- run by tests/test_export.py: against deepmetric embed -->
+
+and a block left untagged (or ``text``) must not hold a command. What runs, page by page, in document order:
+
+- ``python``: executed in one namespace per page;
+- ``bash``: a block of ``deepmetric`` commands runs in this process (``deepmetric.cli.main``, each must exit 0);
+  any other block runs under ``bash -euo pipefail`` with this environment's ``bin/`` first on PATH;
+- ``console``: each ``$ command`` runs under bash and its output must begin with the lines shown below it.
+
+Pages run in a scratch folder where docs/getting-started.md's blocks have already run (its digits folder and its
+tiny run ``runs/digits``, which the other pages use), each page in its own copy; ``DEEPMETRIC_DATA`` points into
+the scratch folder.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+FIRST = DOCS / "getting-started.md"  # its blocks make what the other pages use
+RUNNABLE = {"bash", "sh", "shell", "console", "python"}
+MARKER = re.compile(r"<!--\s*(?:not run:\s*(?P<why>\S[^>]*?)|run by (?P<test>tests/\S+\.py)(?::[^>]*)?)\s*-->")
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)"
+                   r"^(?P=indent)(?P=fence)[ \t]*$", flags=re.M | re.S)
+# the first word of a command, in a block that does not say it is one
+COMMAND_START = re.compile(r"^\s*(?:\$ |deepmetric |make |python3? |pip |\.venv/|nohup |torchrun |cd |tools/\S|"
+                           r"benchmarks/\S|[A-Z_]+=\S+ )")
+BIN = Path(sys.executable).parent
 
 
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+@dataclass
+class Block:
+    page: Path
+    line: int
+    language: str
+    body: str
+    marker: re.Match | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def doc_pages() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        language = match["info"].strip().split(" ")[0].lower()
+        body = "\n".join(row[len(match["indent"]):] for row in match["body"].split("\n"))
+        found.append(Block(page, line, language, body, MARKER.fullmatch(before)))
+    return found
+
+
+def runnable(page: Path) -> list[Block]:
+    return [b for b in blocks(page) if b.language in RUNNABLE and b.marker is None]
+
+
+def commands(body: str) -> list[str]:
+    """The logical lines of a shell block: continuation lines joined, blank and comment-only lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [line for line in joined.split("\n") if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_command_block_is_run_or_says_why_not():
+    """Every ```bash/```console/```python block of README and docs/ either runs here or carries a marker with its
+    reason (or the test that runs it, which must exist and read that page); untagged blocks hold no command."""
+    problems, run, marked = [], 0, 0
+    for page in doc_pages():
+        for block in blocks(page):
+            if block.language in RUNNABLE:
+                if block.marker is None:
+                    run += 1
+                    continue
+                marked += 1
+                test = block.marker["test"]
+                if test and not ((ROOT / test).exists() and str(page.relative_to(ROOT)) in (ROOT / test).read_text()):
+                    problems.append(f"{block.where}: the marker names {test}, which does not read this page")
+            elif block.language in ("", "text") and any(COMMAND_START.match(line) for line in block.body.split("\n")):
+                problems.append(f"{block.where}: an untagged block holds a command; tag it (```bash) and run it, or "
+                                f"mark why not")
+            elif block.marker is not None:
+                problems.append(f"{block.where}: a marker before a ```{block.language} block, which never runs")
+    assert not problems, "\n".join(problems)
+    assert run >= 30 and marked >= 30, (run, marked)  # the mechanism sees the pages' blocks
+
+
+def test_markers_name_a_reason_and_stand_right_before_a_block():
+    """A marker that is not on the line right before a fence would silently stop counting: none is left over."""
+    stray = []
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"<!--\s*(not run|run by)[^\n]*", text):
+            line = text.count("\n", 0, match.start()) + 1
+            following = text[match.end():].split("\n", 2)
+            fenced = len(following) >= 2 and following[1].lstrip().startswith("```")
+            if not MARKER.fullmatch(match[0].strip()) or not fenced:
+                stray.append(f"{page.relative_to(ROOT)}:{line}: {match[0].strip()}")
+    assert not stray, "markers without a reason or not right before a fence:\n" + "\n".join(stray)
+
+
+def _environment(folder: Path) -> dict[str, str]:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               DEEPMETRIC_DATA=str(folder / ".deepmetric-data"), NO_MKDOCS_2_WARNING="1")
+    env.pop("COLUMNS", None)
+    return env
+
+
+def _run_shell(block: Block, script: str, folder: Path) -> str:
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=folder, env=_environment(folder),
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{block.where}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
+    """Run one block in ``folder``; returns what it printed."""
+    from deepmetric.cli import main
+
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(folder / ".deepmetric-data"))
+    printed = io.StringIO()
+    if block.language == "python":
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block.body, block.where, "exec"), namespace)
+        return printed.getvalue()
+    if block.language == "console":
+        for shown in re.split(r"^\$ ", block.body, flags=re.M)[1:]:
+            command, *expected = shown.rstrip("\n").split("\n")
+            out = _run_shell(block, command, folder)
+            got = [line.rstrip() for line in out.split("\n")]
+            assert got[:len(expected)] == [line.rstrip() for line in expected], (
+                f"{block.where}: `{command}` printed\n{out}\nnot what the page shows:\n" + "\n".join(expected))
+        return ""
+    lines = commands(block.body)
+    if all(line.startswith("deepmetric ") for line in lines):
+        for line in lines:
+            with contextlib.redirect_stdout(printed):
+                code = main(shlex.split(line, comments=True)[1:])
+            assert code == 0, f"{block.where}: `{line}` exited {code}\n{printed.getvalue()}"
+        return printed.getvalue()
+    return _run_shell(block, block.body, folder)
+
+
+def _run_page(page: Path, folder: Path, monkeypatch) -> list[str]:
+    namespace: dict = {"__name__": "__docs__"}
+    return [_run_block(block, folder, namespace, monkeypatch) for block in runnable(page)]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A scratch folder where docs/getting-started.md ran, and what each of its blocks printed."""
+    folder = tmp_path_factory.mktemp("docs-workspace")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        printed = _run_page(FIRST, folder, monkeypatch)
+    return folder, printed
 
 
 @pytest.mark.integration
-def test_readme_python_examples_run(capsys):
-    """Every ```python block of README.md, executed in order in one namespace (the real offline backbone)."""
-    blocks = python_blocks(README.read_text())
-    assert blocks, "README.md has no python example"
-    namespace: dict = {}
-    for number, block in enumerate(blocks, start=1):
-        exec(compile(block, f"README.md python block {number}", "exec"), namespace)
-    printed = capsys.readouterr().out
-    assert "'recall@1'" in printed and "'map@r'" in printed  # evaluate() printed its metrics
+def test_getting_started_runs_and_its_python_example_prints_the_metrics(workspace):
+    """Getting started's blocks: the digits folder, the tiny run on it, and the Python example on the real offline
+    backbone, whose ``evaluate`` prints its metrics (README's Python example until the documentation site)."""
+    folder, printed = workspace
+    assert (folder / "runs/digits/checkpoints/last.safetensors").exists()
+    assert (folder / "runs/digits/report.html").exists()
+    assert sorted(p.name for p in (folder / "digits").iterdir()) == [str(d) for d in range(10)]
+    assert any("'recall@1'" in out and "'map@r'" in out for out in printed)
+
+
+PAGES = [page for page in doc_pages() if page != FIRST and runnable(page)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_the_page_examples_run(page, workspace, tmp_path, monkeypatch):
+    """Every block of the page that is not marked, in order, in a copy of the workspace."""
+    folder = tmp_path / "work"
+    shutil.copytree(workspace[0], folder, symlinks=True)
+    _run_page(page, folder, monkeypatch)
+
+
+def test_the_pages_that_run_cover_the_main_commands():
+    """Each main command runs from some page (not only from a marked block)."""
+    ran = "\n".join(b.body for page in doc_pages() for b in runnable(page) if b.language != "python")
+    for command in ("train", "evaluate", "embed", "metrics", "index", "search", "study", "export", "report",
+                    "explain", "presets"):
+        assert re.search(rf"(^|\n|\$ )deepmetric {command}\b", ran), command

@@ -1,5 +1,6 @@
 """``deepmetric export``: every registered head through onnxruntime against PyTorch, refusals with their reason
-and nothing written, the TorchScript fallback, the JSON beside the model, and the README's onnxruntime snippet.
+and nothing written, the TorchScript fallback, the JSON beside the model, and the onnxruntime snippet of
+docs/export.md (README's before the documentation site).
 
 Heads are built as ``tests/test_head_contract.py`` builds them (tiny trunk, random weights, default options, 64-px
 images), exported with a batch of 2 and run by onnxruntime here, independently of the exporter's own check, on
@@ -33,7 +34,9 @@ EMBEDDING_DIM = 72  # as the head contract: splits over every default learner co
 SIZE = 64
 BATCHES = (1, 5)  # differ from the batch the graph is traced with
 REFUSED = {"deml": "connected components"}  # heads whose default setting cannot be exported, and why
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXPORT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+# the marker before the snippet's ```python block (tests/test_docs.py requires every block to be run or marked)
+SNIPPET_MARKER = "<!-- run by tests/test_export.py"
 
 
 def _model(head: str, **options) -> Embedder:
@@ -162,7 +165,7 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
     assert record["input"] == {"name": "images", "shape": ["batch", 3, 16, 16], "height": 16, "width": 16,
                                "dtype": "float32", "layout": "NCHW", "channels": "RGB", "range": [0.0, 1.0]}
     assert record["preprocessing"]["test_resize"] == "resize" and record["normalization"]["inside_model"]
-    preprocessing = record["preprocessing"]  # all of it, to repeat without deepmetric (README's snippet)
+    preprocessing = record["preprocessing"]  # all of it, to repeat without deepmetric (docs/export.md's snippet)
     assert preprocessing["order"] == ["rgb", "resize", "pad", "crop", "scale", "layout"]
     assert preprocessing["rgb"]["transparency"]["background"] == [255, 255, 255]
     assert {"I;16", "I", "F"} <= set(preprocessing["rgb"]["depth"]["modes"])
@@ -184,20 +187,22 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
 
 
 def _readme_snippet() -> str:
-    """README's ```python onnx block, as written."""
-    blocks = re.findall(r"```python onnx\n(.*?)```", README.read_text(), flags=re.S)
+    """The onnxruntime snippet of docs/export.md (README's until the documentation site): the ```python block right
+    after its marker, as written; the page has exactly one."""
+    blocks = re.findall(re.escape(SNIPPET_MARKER) + r"[^\n]*-->\n```python\n(.*?)```", EXPORT_PAGE.read_text(),
+                        flags=re.S)
     assert len(blocks) == 1
     return blocks[0]
 
 
 def _run_readme_snippet(folder: Path, monkeypatch) -> dict:
-    """README's onnxruntime snippet executed in ``folder`` (holding model.onnx, model.onnx.json and photo.jpg); its
-    namespace, whose ``preprocess(path)`` then prepares any image as the README does."""
+    """The export page's onnxruntime snippet executed in ``folder`` (holding model.onnx, model.onnx.json and
+    photo.jpg); its namespace, whose ``preprocess(path)`` then prepares any image as the page does."""
     monkeypatch.chdir(folder)
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)).save("photo.jpg")
     namespace: dict = {}
-    exec(compile(_readme_snippet(), "README.md onnxruntime snippet", "exec"), namespace)
+    exec(compile(_readme_snippet(), "docs/export.md onnxruntime snippet", "exec"), namespace)
     assert namespace["embedding"].shape[0] == 1
     return namespace
 
@@ -278,7 +283,7 @@ def test_the_readme_onnxruntime_snippet_embeds_every_image_mode_as_deepmetric_em
     at cosine 0.18-1 (mean 0.70) to ``deepmetric embed``, which composites transparency on white and resizes
     bilinearly with antialiasing. The snippet now repeats the JSON's ``preprocessing``: on a file of every mode PIL
     decodes (RGBA, LA, palette with and without transparency, gray with and without a key, 1-bit, 16-bit with and
-    without a key, 32-bit, float, CMYK, YCbCr, RGB), run as README writes it and fed to onnxruntime, it gives
+    without a key, 32-bit, float, CMYK, YCbCr, RGB), run as docs/export.md writes it and fed to onnxruntime, it gives
     ``deepmetric embed``'s embedding (cosine >= 0.9999), where the old recipe does not."""
     assert main(["export", str(tiny_run), "--out", str(tmp_path / "model.onnx")]) == 0
     paths = _write_mode_images(tmp_path / "images")
@@ -303,7 +308,7 @@ def test_the_readme_onnxruntime_snippet_embeds_every_image_mode_as_deepmetric_em
 @pytest.mark.parametrize("test_resize", TEST_RESIZE_MODES)
 def test_the_readme_preprocessing_is_the_librarys_pixel_for_pixel_under_every_test_resize(test_resize, tmp_path,
                                                                                           monkeypatch):
-    """The JSON's ``preprocessing`` comes from the plan ``TestTransform`` runs (``test_resize_plan``); README's
+    """The JSON's ``preprocessing`` comes from the plan ``TestTransform`` runs (``test_resize_plan``); the snippet's
     ``preprocess`` reading it gives the pixels ``read_image`` + ``TestTransform`` give (to 1/255: PIL's bilinear
     and torchvision's antialiased resize round apart) for every mode, on wide, tall, small and square images whose
     centre crops fall on a half pixel, and the exported model embeds them as the library does."""

@@ -123,14 +123,21 @@ def test_the_presets_command_prints_names_and_tables_without_importing_torch(cap
 
 
 def test_the_readme_shows_what_the_presets_command_prints_and_names_presets_that_exist(capsys):
+    """README's ``$ deepmetric presets`` block is what the command prints (tests/test_docs.py checks every such block
+    of docs/ too), and every preset README and the documentation pages name (``--config NAME``, ``study NAME``)
+    exists."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shown = re.search(r"\$ deepmetric presets (\S+)\n(.*?)```", readme, flags=re.S)
     assert shown and main(["presets", shown.group(1)]) == 0
     assert capsys.readouterr().out.startswith(shown.group(2))
-    named = re.findall(r"deepmetric\s+train\s+--config\s+([\w/.-]+)", readme)
-    studies = re.findall(r"deepmetric\s+study\s+([\w/.-]+)", readme)
-    by_name = [(n, "config") for n in named if not n.startswith("configs/")]
-    by_name += [(n, "study") for n in studies if not n.startswith("configs/") and n.islower()]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    docs = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    named = re.findall(r"deepmetric\s+train\s+--config\s+([\w/.-]+)", docs)
+    studies = re.findall(r"deepmetric\s+study\s+([\w/.-]+)", docs)
+    files = set(re.findall(r"cat > (\S+)", docs))  # study files a page writes itself, then runs
+    named = [n for n in named if not n.startswith("/")]  # a file of the reader's (/tmp/...), not a preset
+    by_name = [(n, "config") for n in named if not n.startswith("configs/") and n.islower()]  # not PLACEHOLDERS
+    by_name += [(n, "study") for n in studies if not n.startswith("configs/") and n.islower() and n not in files]
     assert ("abe/cub-abe8", "config") in by_name and ("demo", "study") in by_name
     assert all(find_preset(name, kind) for name, kind in by_name), by_name
 

@@ -182,8 +182,9 @@ def test_a_preset_names_the_table_it_reproduces(preset: Path):
 
 def test_every_command_in_the_docs_names_a_file_that_exists():
     """``deepmetric train --config configs/X.yaml`` and ``deepmetric study configs/studies/X.yaml`` in README.md,
-    docs/*.md and the presets' and studies' comments; ``<placeholder>`` matches any name, ``{a,b}`` expands."""
-    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *PRESETS, *STUDIES]
+    every page of docs/ and the presets' and studies' comments; ``<placeholder>`` matches any name, ``{a,b}``
+    expands."""
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *PRESETS, *STUDIES]
     commands = [(source, path) for source in sources for path in COMMAND.findall(source.read_text(encoding="utf-8"))]
     assert len(commands) > 100
     missing = []

@@ -15,8 +15,8 @@ does, and reported):
   protocol (In-Shop, a CSV with ``is_query``/``is_gallery``) it clusters the queries alone: NMI measures
   clustering, which has no gallery. It is undefined, and None (``null`` in JSON, ``—`` in tables), when the
   queries hold fewer than 2 classes or every query is its own class. NMI depends on the
-  k-means used (the thesis saw 5 points between two variants): scikit-learn's below 1,000 classes,
-  faiss' from 1,000 on when installed.
+  k-means used (the thesis saw 5 points between two variants): scikit-learn's below 100 classes,
+  faiss' from 100 on when installed (``FAISS_KMEANS_FROM``).
 
 Ties between exactly equal similarities are broken by gallery index (see ``knn.py``).
 """

@@ -1,0 +1,193 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with ``mkdocs build --strict`` — a broken link or anchor, a
+page missing from the navigation or an API reference that does not resolve fails the suite — and it works in a real
+browser: headless Chromium (Debian's chromium + chromium-driver, via selenium) searches it offline and opens a
+method's page.
+
+mkdocs, mkdocs-material and mkdocstrings are dev dependencies (``make install-dev``); the browser test is skipped,
+saying why, only where Chromium is missing, as tests/test_serve_browser.py is.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]')")
+pytest.importorskip("material", reason="mkdocs-material is not installed (pip install -e '.[dev]')")
+pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed (pip install -e '.[dev]')")
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+HANG_GUARD_S = 120  # only so that a broken page fails instead of hanging the suite; not a speed requirement
+METHOD_PAGES = {"methods/diablo.md": "DIABLO", "methods/abe.md": "ABE", "methods/dgml.md": "DGML",
+                "methods/deml.md": "DeML", "methods/horde.md": "HORDE", "methods/second-order.md": "Second-order",
+                "methods/jcf.md": "JCF", "methods/mirage.md": "MIRAGE"}
+
+
+def _nav_pages(nav) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    return [page for item in nav for page in _nav_pages(item)]
+
+
+def _config() -> dict:
+    class Loader(yaml.SafeLoader):  # mkdocs.yml names a Python function (the slugify); only read its keys here
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this module with ``mkdocs build --strict`` into a temporary folder."""
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    assert "WARNING" not in result.stderr, result.stderr
+    return out
+
+
+def test_the_site_builds_strictly_with_every_page(site):
+    """Every Markdown page of docs/ (the study records aside) is in the navigation, and built; the method pages
+    and the API reference have their content; the search index holds every page."""
+    nav = _nav_pages(_config()["nav"])
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if "studies" not in p.relative_to(DOCS).parts)
+    assert sorted(nav) == pages
+    for page in pages:
+        assert (site / page).with_suffix(".html").exists(), page
+    for page, title in METHOD_PAGES.items():
+        html = (site / page).with_suffix(".html").read_text(encoding="utf-8")
+        assert re.search(rf"<h1[^>]*>{title}", html), page
+        assert 'id="presets"' in html and 'id="in-python"' in html and "highlight" in html, page
+    reference = (site / "reference.html").read_text(encoding="utf-8")
+    for name in ("create_model", "retrieval_metrics", "load_dataset", "build_objective", "ISTA", "export_model"):
+        assert re.search(rf'id="deepmetric\.[\w.]*{name}"', reference), name
+    index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    locations = {doc["location"].split("#")[0] for doc in index["docs"]}
+    assert {str(Path(p).with_suffix(".html")) for p in pages} <= locations
+
+
+def test_the_site_loads_nothing_from_the_network(site):
+    """Built and read offline: no page asks for fonts, scripts or styles from another host."""
+    for page in site.rglob("*.html"):
+        html = page.read_text(encoding="utf-8")
+        external = re.findall(r"<(?:script|link)[^>]+(?:src|href)=\"(https?:[^\"]+)\"", html)
+        assert not external, (page.relative_to(site), external)
+
+
+def test_links_to_the_repository_name_files_that_exist(site, tmp_path):
+    """A page's link to a file outside docs/ (../src/..., ../benchmarks/...) becomes its repository path on the site
+    (tools/mkdocs_hooks.py), and the strict build fails when that file does not exist (on a scratch project that
+    uses the same hook, so that docs/ is never written to)."""
+    cli = (site / "cli.html").read_text(encoding="utf-8")
+    assert "config/sections.py" in cli and "../src/deepmetric" not in cli
+    project = tmp_path / "project"
+    (project / "docs").mkdir(parents=True)
+    (project / "present.py").write_text("")
+    hook = ROOT / "tools" / "mkdocs_hooks.py"
+    (project / "mkdocs.yml").write_text(f"site_name: probe\nstrict: true\nhooks: [{hook}]\n")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+
+    def build(page: str) -> subprocess.CompletedProcess:
+        (project / "docs" / "index.md").write_text(page, encoding="utf-8")
+        command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(project / "site")]
+        return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+    good = build("# Probe\n\nSee [the code](../present.py).\n")
+    assert good.returncode == 0, good.stderr
+    assert "the code (<code>present.py</code> in the repository)" in (project / "site/index.html").read_text()
+    bad = build("# Probe\n\nSee [the code](../no-such-file.py).\n")
+    assert bad.returncode != 0 and "no-such-file.py" in bad.stderr
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def served(site):
+    """The built site on http://127.0.0.1:<free port>/ (Material's search needs a server: it fetches its index)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver, or make system-packages)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_searching_the_site_opens_a_method_page(served, browser, tmp_path):
+    """Open the home page, type a method's name in Material's search box (its index is searched in the browser,
+    offline), follow the result to the method's page, check its heading, and keep a screenshot of it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, HANG_GUARD_S)
+    browser.get(served + "/index.html")
+    wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "article h1").text.strip() == "deepmetric")
+    assert browser.title.startswith("deepmetric")
+    box = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "input.md-search__input"))
+    wait.until(lambda b: box.is_displayed())
+    box.click()
+    box.send_keys("DIABLO")
+    results = "ol.md-search-result__list li a"
+    wait.until(lambda b: any("methods/diablo.html" in (a.get_attribute("href") or "")
+                             for a in b.find_elements(By.CSS_SELECTOR, results)))
+    meta = browser.find_element(By.CSS_SELECTOR, ".md-search-result__meta").text
+    assert "matching" in meta.lower() or "result" in meta.lower(), meta
+    link = next(a for a in browser.find_elements(By.CSS_SELECTOR, results)
+                if "methods/diablo.html" in (a.get_attribute("href") or ""))
+    link.click()
+    wait.until(lambda b: "methods/diablo.html" in b.current_url)
+    heading = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "article h1")).text.strip()
+    assert heading == "DIABLO: dictionary-based attention"
+    assert browser.title.startswith("DIABLO")
+    # the page's navigation reaches the other methods, and its code is highlighted
+    nav = " ".join(a.get_attribute("textContent") for a in browser.find_elements(By.CSS_SELECTOR, "nav.md-nav a"))
+    assert all(name in nav for name in ("ABE and M-heads", "DGML and grouping", "MIRAGE", "Python API reference"))
+    assert browser.find_elements(By.CSS_SELECTOR, "div.highlight pre code")
+    browser.find_element(By.CSS_SELECTOR, "body").send_keys(Keys.HOME)
+    screenshot = tmp_path / "docs-diablo.png"
+    assert browser.save_screenshot(str(screenshot))
+    data = screenshot.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    if os.environ.get("DEEPMETRIC_SCREENSHOTS"):  # a folder to keep the screenshot in, to look at it
+        Path(os.environ["DEEPMETRIC_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(os.environ["DEEPMETRIC_SCREENSHOTS"]) / screenshot.name)
