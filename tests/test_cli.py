@@ -464,3 +464,14 @@ def test_odd_inputs_of_embed_metrics_study_and_resume_are_one_line_each(tiny_run
     code, out, err = run(capsys, "train", "--resume", "--out", str(run_dir), "--steps", "3", "--quiet",
                          "train.tensorboard=true")
     assert code == 2 and "tensorboard is not a folder (a file or a link is there)" in err and "Traceback" not in err
+
+
+def test_output_cut_by_a_closed_pipe_ends_quietly():
+    """`deepmetric presets | head -1` ended with a BrokenPipeError traceback: it now stops quietly (status 141)."""
+    import subprocess
+    import sys
+
+    shell = f"{sys.executable} -m deepmetric presets | head -c 10"
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {shell}"], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert len(done.stdout) == 10

@@ -202,3 +202,21 @@ def test_values_from_run_files_are_escaped_in_the_report(tmp_path):
     (out / "metrics-all-embeddings.json").write_text(json.dumps([EVIL]))  # not the object deepmetric writes
     with pytest.raises(DeepMetricError, match="metrics-all-embeddings.json is not the JSON deepmetric writes"):
         build_report(out, progress=False)
+
+
+def test_a_small_t_sne_runs_on_one_thread(monkeypatch):
+    """The report's t-SNE of a few hundred points took 35 s on a loaded 2-core machine with OpenMP's threads and
+    0.5 s with one: up to SINGLE_THREAD_TSNE_UP_TO points it runs inside a one-thread limit."""
+    import numpy as np
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_info
+
+    from deepmetric.render import project_2d
+
+    seen = []
+    fit = TSNE.fit_transform
+    monkeypatch.setattr(TSNE, "fit_transform", lambda self, x, *a, **k: seen.append(
+        [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "openmp"]) or fit(self, x, *a, **k))
+    points = np.random.default_rng(0).normal(size=(60, 5))
+    assert project_2d(points).shape == (60, 2)
+    assert seen and seen[0] and all(threads == 1 for threads in seen[0])  # OpenMP present, limited to one thread

@@ -6,6 +6,7 @@ Errors a user can cause are printed as one line (``error: ...``) with exit statu
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from ..errors import DeepMetricError, TrainingInterrupted
@@ -48,3 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`deepmetric presets | head`): stop quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not fail again
+        return 141
