@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from browser_helpers import headless_chromium
+
 pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]')")
 pytest.importorskip("material", reason="mkdocs-material is not installed (pip install -e '.[dev]')")
 pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed (pip install -e '.[dev]')")
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 HANG_GUARD_S = 120  # only so that a broken page fails instead of hanging the suite; not a speed requirement
 METHOD_PAGES = {"methods/diablo.md": "DIABLO", "methods/abe.md": "ABE", "methods/dgml.md": "DGML",
                 "methods/deml.md": "DeML", "methods/horde.md": "HORDE", "methods/second-order.md": "Second-order",
@@ -138,18 +138,8 @@ def served(site):
 
 @pytest.fixture
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver, or make system-packages)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with headless_chromium("1280,900") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_searching_the_site_opens_a_method_page(served, browser, tmp_path):

@@ -12,17 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from browser_helpers import headless_chromium, skip_without_chromium
 from deepmetric.cli import main
 from deepmetric.retrieval import Searcher
 from deepmetric.retrieval.service import BackgroundServer, create_app
 from serve_helpers import make_gallery
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
-if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-    pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver, or make system-packages)",
-                allow_module_level=True)
+skip_without_chromium()
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -33,15 +29,8 @@ HANG_GUARD_S = 300  # only so that a broken page fails instead of hanging the su
 
 @pytest.fixture
 def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,800"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with headless_chromium("1200,800") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_upload_on_the_page_shows_the_top_k_grid(tiny_run, tmp_path, browser):

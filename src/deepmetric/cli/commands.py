@@ -81,9 +81,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.regularizer:
         add_regularizers(config, args.regularizer)
-    from ..models.backbones import check_backbone_exists
-
-    check_backbone_exists(config.model.backbone)  # timm:<name> too, before the run folder is named or made
     out = Path(args.out) if args.out else Path("runs") / default_run_name(config)
     if args.nproc > 1:
         from ..training.launch import launch
