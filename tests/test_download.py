@@ -58,15 +58,18 @@ ARCHIVE = replica_archive()
 
 class Server:
     """A local server of ``data`` at ``/CUB_200_2011.tgz`` that honours ``Range: bytes=N-``; ``cut`` responses are
-    sent half and the connection closed; every request's Range header is logged."""
+    sent half and the connection closed; every request's Range header is logged; with a ``gate``, each answer waits
+    for it (10 s at most)."""
 
-    def __init__(self, data: bytes = ARCHIVE, cut: int = 0, status: int = 200):
-        self.data, self.cut, self.status, self.ranges = data, cut, status, []
+    def __init__(self, data: bytes = ARCHIVE, cut: int = 0, status: int = 200, gate: threading.Event | None = None):
+        self.data, self.cut, self.status, self.ranges, self.gate = data, cut, status, [], gate
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
                 server.ranges.append(self.headers.get("Range"))
+                if server.gate is not None:
+                    server.gate.wait(10.0)
                 if server.status != 200:
                     self.send_error(server.status)
                     return
@@ -155,6 +158,45 @@ def test_a_second_call_uses_the_built_folder_without_network(tmp_path, serve):
     server.stop()
     table = load_dataset("cub", check_counts=False)  # the server is gone: a request would fail
     assert len(table.images) == 8 and server.ranges == [None]
+
+
+def test_two_processes_fetching_at_once_download_once(tmp_path, serve):
+    """Two trainings started together with ``--data cub`` both appended the download to one ``.part`` (whose MD5
+    then failed, after 1.1 GB). Now the second waits for the first, saying so, and uses its build. The server holds
+    its answer until the second fetch has announced that it waits (without the lock: until 10 s have passed, and
+    then both requests are answered)."""
+    import logging
+
+    waiting = threading.Event()
+
+    class Announced(logging.Handler):
+        def emit(self, record):
+            if "another process is fetching it" in record.getMessage():
+                waiting.set()
+
+    handler = Announced()
+    logging.getLogger("deepmetric").addHandler(handler)
+    server = serve(gate=waiting)
+    roots, errors = [], []
+
+    def fetch():
+        try:
+            roots.append(download_module.fetch("cub", progress=False))
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    try:
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30.0)
+    finally:
+        logging.getLogger("deepmetric").removeHandler(handler)
+    assert errors == [] and waiting.is_set()
+    assert roots == [tmp_path / "data" / "cub"] * 2 and server.ranges == [None]
+    assert download_module.is_built(roots[0], download_module.ARCHIVES["cub"])
+    assert leftovers(tmp_path) == []  # the lock file is gone with the archive and the .part
 
 
 def test_a_checksum_mismatch_deletes_the_file_and_builds_nothing(tmp_path, serve):

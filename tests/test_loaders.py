@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -396,8 +397,6 @@ def test_a_data_path_that_does_not_exist_is_named_for_every_loader(tmp_path, mon
     """Issue item 28: ``cub:/nonexistent`` said "expected images.txt at /nonexistent/images.txt" (after the weights'
     download). Every loader's missing PATH is "NAME: no such folder: PATH" (a CSV's: file), checked before the loader
     runs; a file where a folder belongs (and the reverse) is named too."""
-    import re
-
     from deepmetric.data import PATH_KINDS, check_data_path
 
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))  # emoji: no earlier build to fall back on
@@ -425,3 +424,33 @@ def test_glyphs_builds_at_its_path_and_a_spec_without_a_path_is_not_checked(tmp_
     check_data_path(f"glyphs:{tmp_path / 'new'}")  # built there on first use
     check_data_path("digits")
     check_data_path("glyphs")
+
+
+def test_a_data_path_with_a_tilde_is_the_home_folder(tmp_path, monkeypatch):
+    """``--data 'folder:~/birds'`` (quoted, or in a YAML config, where no shell expands it) read the folder "~" in
+    the working directory; now ``~`` is the home folder, for the check and the loader alike."""
+    from deepmetric.data import check_data_path, parse_spec
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for label in range(4):
+        (tmp_path / "birds" / f"class{label}").mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (label * 60, i * 100, 0)).save(tmp_path / "birds" / f"class{label}" / f"{i}.png")
+    assert parse_spec("folder:~/birds") == ("folder", str(tmp_path / "birds"))
+    check_data_path("folder:~/birds")
+    table = load_dataset("folder:~/birds")
+    assert len(table) == 8 and all(str(p).startswith(str(tmp_path / "birds")) for p in table.images)
+    with pytest.raises(DataError, match=rf"^folder: no such folder: {re.escape(str(tmp_path / 'fish'))}$"):
+        check_data_path("folder:~/fish")
+
+
+@pytest.mark.parametrize("spec", ["digits:/anything", "digits:~/x", "DIGITS:data"])
+def test_a_path_given_to_a_loader_that_reads_none_is_refused(spec):
+    """``digits:/anything`` loaded scikit-learn's digits and ignored the path: a user who meant their own folder got
+    another data set without a word."""
+    from deepmetric.data import check_data_path
+
+    with pytest.raises(DataError, match=r"^data set 'digits' reads no path \(it is built in\): give 'digits', not "):
+        check_data_path(spec)
+    with pytest.raises(DataError, match="reads no path"):
+        load_dataset(spec)

@@ -84,13 +84,23 @@ def needs_path(name: str) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
+def takes_path(name: str) -> bool:
+    """Whether data set ``name``'s loader reads a ``PATH`` at all (``digits`` does not)."""
+    return "path" in inspect.signature(DATASETS.get(name)).parameters
+
+
 def parse_spec(spec: str) -> tuple[str, str | None]:
+    """``NAME[:PATH]`` as ``(name, path or None)``, ``~`` in the path expanded (a shell leaves ``--data emoji:~/x``
+    unexpanded, and a YAML config never expands it). A loader that needs a path and has none, or reads none and is
+    given one (``digits:/data``), is refused."""
     name, _, path = spec.partition(":")
     name = name.strip().lower()
     if needs_path(name) and not path:
         how = manual_download(name)
         raise DataError(f"data set '{name}' needs a path: {name}:PATH" + (f". {how}" if how else ""))
-    return name, (path or None)
+    if path and not takes_path(name):
+        raise DataError(f"data set '{name}' reads no path (it is built in): give '{name}', not '{spec}'")
+    return name, (os.path.expanduser(path) if path else None)
 
 
 def check_data_path(spec: str) -> None:

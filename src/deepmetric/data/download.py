@@ -7,7 +7,9 @@ download resumes where it stopped (an HTTP ``Range`` request), in the same call 
 complete file is checked against the published MD5 (a mismatch deletes it), unpacked into a temporary folder beside
 ``$DEEPMETRIC_DATA/cub``, its layout checked (``images.txt``, ``image_class_labels.txt``, ``images/``), a
 ``meta.json`` marker written, and only then renamed to ``$DEEPMETRIC_DATA/cub``: a folder without the marker, or
-with another archive's, is never taken as built. The archive is deleted once unpacked.
+with another archive's, is never taken as built. The archive is deleted once unpacked. Two processes fetching the same
+data set at once (two trainings started together) take turns on ``$DEEPMETRIC_DATA/.cub.lock``: the second waits,
+saying so, and then uses the first one's build instead of appending a second download to the same ``.part``.
 
 Cars-196, Stanford Online Products and In-Shop are not fetched: their official hosts no longer serve the archives
 reliably, and copies elsewhere are not the publishers'. ``MANUAL`` says where the official files are and the layout
@@ -16,7 +18,9 @@ reliably, and copies elsewhere are not the publishers'. ``MANUAL`` says where th
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import http.client
 import json
@@ -27,6 +31,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -270,6 +275,40 @@ def fetch(name: str, root: Path | None = None, progress: bool = True) -> Path:
     root = Path(root) if root is not None else data_home() / name
     if is_built(root, archive):
         return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _taking_turns(root.parent / f".{root.name}.lock", name):
+        if is_built(root, archive):  # built by the process this one waited for
+            return root
+        return _fetch(name, archive, root, progress)
+
+
+@contextlib.contextmanager
+def _taking_turns(lock: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock`` (waiting, with a warning, while another process holds it); the file
+    is removed on the way out. A waiter that wakes on a file already removed opens the new one and waits again."""
+    while True:
+        handle = open(lock, "a+b")  # noqa: SIM115 (held until the block ends)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: another process is fetching it into %s; waiting for it to finish", name, lock.parent)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            current = os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        handle.close()
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        handle.close()
+
+
+def _fetch(name: str, archive: Archive, root: Path, progress: bool) -> Path:
+    """``fetch``'s work, under its lock: download (or resume), check, unpack, mark and rename into ``root``."""
     target = root.parent / archive.filename
     if target.exists() and _md5(target) != archive.md5:  # left by an earlier run that did not unpack it
         target.unlink()
