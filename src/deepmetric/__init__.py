@@ -4,7 +4,7 @@
 builds an ``Embedder``; ``deepmetric.evaluation.retrieval_metrics`` computes Recall@K, MAP@R,
 R-precision and NMI; ``deepmetric.data.load_dataset(spec)`` loads a data set table with its splits.
 
-A trained run in Python (``api.py``): ``deepmetric.load_run(RUN)`` returns a ``TrainedRun`` whose ``embed(images)``
+A trained run in Python (``api/``): ``deepmetric.load_run(RUN)`` returns a ``TrainedRun`` whose ``embed(images)``
 gives what ``deepmetric embed`` writes; ``deepmetric.Index`` builds, extends, saves, opens and searches the indexes
 ``deepmetric index`` writes.
 

@@ -1,24 +1,9 @@
-"""The Python API for trained runs: load a run, embed images exactly as ``deepmetric embed`` does, and build, extend,
-save, open and search the retrieval indexes ``deepmetric index`` writes.
-
-```python
-import deepmetric
-
-run = deepmetric.load_run("runs/cub")            # checkpoint "auto": best when it exists, else last (as the CLI)
-x = run.embed(["a.jpg", "b.png"])                # (2, D) float32, l2-normalised: what `deepmetric embed` writes
-index = deepmetric.Index.build(run, "gallery/", "gallery-index")   # the folder `deepmetric index` writes
-for hit in index.search("query.jpg", k=5)[0]:    # one list of hits per query, best first
-    print(hit.id, hit.name, hit.score)
-```
-
-Nothing here embeds, stores or searches on its own: images go through the library's reader (``read_image``,
-``to_rgb``), the run's ``TestTransform`` and ``embed_table``, as ``deepmetric embed`` and ``deepmetric index`` do;
-an index is written and read by ``retrieval.store`` and searched by ``retrieval.search.IndexSearcher``.
-"""
+"""``Index``: the retrieval index of ``deepmetric index`` in Python: build (from a run's embeddings of a gallery or
+from given embeddings), open, add, search and save, over ``retrieval.store``'s folders and
+``retrieval.search.IndexSearcher``'s search."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,253 +13,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .config import RunConfig
-from .data.images import read_image, to_rgb
-from .data.table import RetrievalTable
-from .errors import CheckpointError, DataError, IndexStoreError
-from .evaluation import EmbedSettings, embed_table
-from .io import check_writable
-from .models import Embedder
-from .retrieval import faiss_index
-from .retrieval.build import check_same_model, gallery_files, model_record, relative_item
-from .retrieval.search import Hit, IndexSearcher, index_checkpoint
-from .retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
-from .training.run_dir import RunDir, load_run_checkpoint, model_from_checkpoint
-from .training.setup import resolve_device
-
-__all__ = ["Hit", "Index", "TrainedRun", "load_run"]
-
-ImageInput = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
-"""One image: a file path, a PIL image (any mode), a uint8 numpy array (H, W), (H, W, 3) RGB or (H, W, 4) RGBA, or
-a tensor (C, H, W) or (H, W), C in 1, 3, 4, of uint8 or of floats in [0, 1] (torchvision's layouts)."""
-
-CHECKPOINTS = ("auto", "best", "last")
-
-
-class _ImagesTable(RetrievalTable):
-    """A table of checked images (``_image_items``): each row is read when the loader asks for it, a file by the
-    library's reader (``read_image``, as ``deepmetric embed``), a PIL image or an RGBA / gray array by ``to_rgb``."""
-
-    def image(self, index: int) -> np.ndarray:
-        item = self.images[index]
-        if isinstance(item, Path):
-            return read_image(item)
-        if isinstance(item, np.ndarray):
-            if item.ndim == 3 and item.shape[2] == 3:
-                return np.array(item)  # a copy: torch warns of a read-only one (np.asarray of a PIL image)
-            item = Image.fromarray(item)  # (H, W): L; (H, W, 4): RGBA, composited on white by to_rgb
-        else:
-            item.load()  # as read_image: the pixels, and the info (transparency) some formats only fill in then
-        return np.array(to_rgb(item), dtype=np.uint8)
-
-    def describe(self, index: int) -> str:
-        item = self.images[index]
-        return str(item) if isinstance(item, Path) else f"images[{index}]"
-
-
-def _tensor_array(tensor: torch.Tensor, where: str) -> np.ndarray:
-    """A (C, H, W) or (H, W) tensor of uint8 or of floats in [0, 1] as a uint8 (H, W[, C]) array."""
-    t = tensor.detach().cpu()
-    if t.is_floating_point():
-        if not torch.isfinite(t).all() or t.numel() and (t.min() < 0 or t.max() > 1):
-            raise DataError(f"{where} is a float tensor with values outside [0, 1]; give floats in [0, 1] or uint8")
-        t = (t.float() * 255).round().to(torch.uint8)
-    elif t.dtype != torch.uint8:
-        raise DataError(f"{where} is a {t.dtype} tensor; give uint8 or floats in [0, 1]")
-    if t.ndim == 3:
-        if t.shape[0] not in (1, 3, 4):
-            raise DataError(f"{where} is a tensor of shape {tuple(t.shape)}; expected (C, H, W) with C in 1, 3, 4, "
-                            "or (H, W)")
-        t = t.permute(1, 2, 0)
-    return t.numpy()
-
-
-def _checked_array(array: np.ndarray, where: str) -> np.ndarray:
-    if array.dtype != np.uint8:
-        raise DataError(f"{where} is a {array.dtype} array; images as arrays are uint8 (H, W), (H, W, 3) RGB or "
-                        "(H, W, 4) RGBA (a float array is taken for embeddings where a search accepts them)")
-    if array.ndim == 3 and array.shape[2] == 1:
-        array = array[:, :, 0]
-    if array.ndim not in (2, 3) or array.ndim == 3 and array.shape[2] not in (3, 4) or 0 in array.shape:
-        raise DataError(f"{where} is an array of shape {array.shape}; expected (H, W), (H, W, 3) RGB or (H, W, 4) "
-                        "RGBA")
-    return np.ascontiguousarray(array)
-
-
-def _image_item(item: Any, where: str) -> Path | Image.Image | np.ndarray:
-    """``item`` checked: a Path, a PIL image, or a uint8 (H, W), (H, W, 3) or (H, W, 4) array."""
-    if isinstance(item, str | os.PathLike):
-        path = Path(item)
-        if path.is_dir():
-            raise DataError(f"{where}: {path} is a folder; give its image files, e.g. "
-                            "deepmetric.workflows.list_images(folder) (the files, in the order, deepmetric embed "
-                            "takes), or build an Index from the folder")
-        return path
-    if isinstance(item, Image.Image):
-        return item
-    if isinstance(item, torch.Tensor):
-        item = _tensor_array(item, where)
-    if isinstance(item, np.ndarray):
-        return _checked_array(item, where)
-    raise DataError(f"{where} is a {type(item).__name__}; expected an image: a path, a PIL image, a uint8 numpy "
-                    "array (H, W), (H, W, 3) or (H, W, 4), or a tensor (C, H, W)")
-
-
-def _image_items(images: Any) -> list[Path | Image.Image | np.ndarray]:
-    """A single image or a sequence of them (a 4-D array (N, H, W, C) or tensor (N, C, H, W) is a batch), checked."""
-    if isinstance(images, str | os.PathLike | Image.Image) or (
-            isinstance(images, np.ndarray | torch.Tensor) and images.ndim < 4):
-        return [_image_item(images, "the image")]
-    if not isinstance(images, Sequence | np.ndarray | torch.Tensor):
-        raise DataError(f"images must be an image or a list of them, got a {type(images).__name__}")
-    return [_image_item(item, f"images[{i}]") for i, item in enumerate(images)]
-
-
-def _is_vectors(x: Any) -> bool:
-    """Embeddings rather than images: a float numpy array or tensor of one (D,) or several (N, D) rows."""
-    if isinstance(x, torch.Tensor):
-        return x.is_floating_point() and x.ndim in (1, 2)
-    return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) and x.ndim in (1, 2)
-
-
-def _unit_rows(x: np.ndarray | torch.Tensor, dim: int | None, what: str) -> np.ndarray:
-    """(N, D) float32 rows of ``x`` l2-normalised (an index scores by inner product: cosine for unit rows)."""
-    array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    array = np.atleast_2d(array).astype(np.float32)
-    if dim is not None and array.shape[1] != dim:
-        raise IndexStoreError(f"{what} have {array.shape[1]} dimensions; the index holds {dim}-d embeddings")
-    if not np.isfinite(array).all():
-        raise IndexStoreError(f"{what} hold NaN or infinite values")
-    norms = np.linalg.norm(array, axis=1, keepdims=True)
-    if (norms == 0).any():
-        raise IndexStoreError(f"{what} hold {int((norms == 0).sum())} all-zero row(s), which have no direction")
-    return np.ascontiguousarray(array / norms, dtype=np.float32)
-
-
-class TrainedRun:
-    """A trained run's model, ready to embed images exactly as ``deepmetric embed`` does (``load_run`` makes one).
-
-    Attributes:
-        path: the run directory.
-        config: its resolved config (``RUN/config.yaml``).
-        checkpoint: the checkpoint file whose weights were loaded.
-        step: the training step of that checkpoint (None when it does not say).
-        model: the ``Embedder``, in eval mode while embedding, on ``device``.
-        device: where the model runs.
-        image_size, test_resize: the test-time preprocessing (``data.image_size``, ``data.test_resize``; for a run
-            loaded by an ``Index``, the index's).
-
-    Example:
-        >>> run = deepmetric.load_run("runs/cub", device="cpu")
-        >>> run.embed(["a.jpg", PIL.Image.open("b.png")]).shape   # (2, run.embedding_dim)
-    """
-
-    def __init__(self, path: Path, config: RunConfig, model: Embedder, checkpoint: Path, state: dict[str, Any],
-                 device: torch.device):
-        self.path = path
-        self.config = config
-        self.model = model
-        self.checkpoint = checkpoint
-        self.step: int | None = state.get("step")
-        self.device = device
-        self.image_size: int = config.data.image_size
-        self.test_resize: str = config.data.test_resize
-
-    @property
-    def embedding_dim(self) -> int:
-        """D, the width of the model's embeddings (a head may round the configured size down: DeML's 504 of 512)."""
-        return int(self.model.embedding_dim)
-
-    def __repr__(self) -> str:
-        return (f"TrainedRun({str(self.path)!r}, checkpoint={self.checkpoint.name!r}, step={self.step}, "
-                f"{self.embedding_dim}-d, {self.image_size} px {self.test_resize}, device={str(self.device)!r})")
-
-    def to(self, device: str | torch.device) -> TrainedRun:
-        """Move the model to ``device`` (``cpu``, ``cuda``, ``cuda:1``, ``auto``: a GPU when torch sees one);
-        returns the run.
-
-        Example:
-            >>> run = deepmetric.load_run("runs/cub").to("cpu")
-        """
-        target = resolve_device(str(device))
-        if target != self.device:
-            self.model.to(target)
-            self.device = target
-        return self
-
-    def embed_settings(self, count: int, batch_size: int | None = None, progress: bool | None = None) -> EmbedSettings:
-        """How ``count`` images are embedded: the run's settings, as ``deepmetric embed`` takes them
-        (``EmbedSettings.from_config``), with this run's size and resize. ``progress`` None: a bar (on standard
-        error) when there is more than one batch. A single batch is decoded in this process, without workers."""
-        settings = EmbedSettings.from_config(self.config, self.device, False, batch_size)
-        show = count > settings.batch_size if progress is None else progress
-        settings = dataclasses.replace(settings, image_size=self.image_size, test_resize=self.test_resize,
-                                       progress=show)
-        return settings if count > settings.batch_size else dataclasses.replace(settings, num_workers=0)
-
-    def embed(self, images: ImageInput | Sequence[ImageInput], batch_size: int | None = None,
-              device: str | torch.device | None = None, progress: bool | None = None) -> np.ndarray:
-        """(N, D) float32 l2-normalised embeddings of ``images``, one row per image in order (N = 1 for one image).
-
-        The numbers are those ``deepmetric embed`` writes for the same files: a file is read by the library's reader
-        (``deepmetric.data.images.read_image``: any PIL mode to RGB, transparency composited on white), a PIL image
-        or array goes through the same ``to_rgb``, then the run's ``TestTransform`` and model, in batches.
-
-        Args:
-            images: one image or a list of them: file paths (str or Path), PIL images (any mode), uint8 numpy arrays
-                (H, W) gray, (H, W, 3) RGB or (H, W, 4) RGBA, tensors (C, H, W) or (H, W) of uint8 or floats in
-                [0, 1]; a 4-D array (N, H, W, C) or tensor (N, C, H, W) is a batch.
-            batch_size: images per forward pass (default: the run's ``eval.batch_size``, as the CLI).
-            device: move the model there first (it stays there; see ``to``); default: where it is.
-            progress: a progress bar on standard error; None: when there is more than one batch.
-
-        Example:
-            >>> x = run.embed(["cat.png", np.zeros((32, 32, 3), np.uint8)])
-            >>> x.shape, float(x[0] @ x[1])   # ((2, D), the cosine similarity of the two)
-        """
-        items = _image_items(images)
-        if device is not None:
-            self.to(device)
-        if not items:
-            return np.zeros((0, self.embedding_dim), dtype=np.float32)
-        table = _ImagesTable(name="images", images=items, labels=np.zeros(len(items)),
-                             splits=np.array(["test"] * len(items), dtype=object),
-                             is_query=np.ones(len(items), bool), is_gallery=np.ones(len(items), bool))
-        embeddings = embed_table(self.model, table, self.embed_settings(len(items), batch_size, progress))
-        return embeddings.astype(np.float32, copy=False)
-
-
-def load_run(path: str | os.PathLike[str], checkpoint: str | os.PathLike[str] = "auto",
-             device: str | torch.device | None = None) -> TrainedRun:
-    """Load a trained run directory's model, to embed images with exactly its preprocessing (``TrainedRun.embed``).
-
-    Args:
-        path: the run directory (``deepmetric train --out``).
-        checkpoint: ``auto`` (the default, as the CLI's ``--checkpoint``): ``best`` when the run has one (it had a
-            validation split), else ``last``; ``best`` or ``last`` for that one; or the path of a checkpoint file.
-        device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ``auto``); default (None): the run's
-            ``train.device`` as the CLI resolves it, so ``auto``, the usual setting, is a GPU when torch sees one,
-            else the CPU. Give ``device="cpu"`` to keep a GPU free, or for a run trained with ``train.device=cuda``
-            loaded on a machine without one.
-
-    Example:
-        >>> import deepmetric
-        >>> run = deepmetric.load_run("runs/cub")
-        >>> run.checkpoint.name, run.embedding_dim, run.image_size   # ('best.safetensors', 512, 224)
-        >>> x = run.embed(["a.jpg", "b.png"])                       # == `deepmetric embed runs/cub` of the two files
-    """
-    run_dir = RunDir(path)
-    config = run_dir.config()
-    target = resolve_device(config.train.device if device is None else str(device))
-    if str(checkpoint) in CHECKPOINTS:
-        model, config, file, _, state = load_run_checkpoint(run_dir.path, str(checkpoint), target)
-    else:
-        file = Path(checkpoint)
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {file} is not a file (give auto, best, last or a checkpoint file)")
-        model, state = model_from_checkpoint(file, target)
-        model.set_channels_last(config.train.channels_last)
-    return TrainedRun(run_dir.path, config, model, file, state, target)
+from ..errors import DataError, IndexStoreError
+from ..io import check_writable
+from ..retrieval import faiss_index
+from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
+from ..retrieval.search import Hit, IndexSearcher, index_checkpoint
+from ..retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
+from .image_inputs import ImageInput, image_items, is_vectors, unit_rows
+from .run import TrainedRun, load_run
 
 
 class Index(IndexSearcher):
@@ -289,7 +35,7 @@ class Index(IndexSearcher):
     Items are named, in search results, by the name given to them, else by their path relative to their gallery
     folder (as ``deepmetric search`` names them), else ``#id``.
 
-    Example:
+    Examples:
         >>> run = deepmetric.load_run("runs/cub")
         >>> index = deepmetric.Index.build(run, "gallery/", "gallery-index")   # as `deepmetric index`
         >>> index.add(["new/1.jpg", "new/2.jpg"]); index.save()
@@ -334,11 +80,11 @@ class Index(IndexSearcher):
         and ``serve`` can use the saved folder. ``kind``: ``flat`` (exact) or ``ivf-pq`` (at least 1,000 rows;
         ``nlist`` cells and ``pq_m`` sub-quantisers, default as ``deepmetric index --ivf-pq``).
 
-        Example:
+        Examples:
             >>> index = deepmetric.Index.from_embeddings(np.random.randn(100, 16), names=[f"v{i}" for i in range(100)])
             >>> index.search(np.random.randn(16), k=5)[0][0].name
         """
-        x = _unit_rows(embeddings, run.embedding_dim if run else None, "the embeddings")
+        x = unit_rows(embeddings, run.embedding_dim if run else None, "the embeddings")
         records = _vector_records(len(x), names)
         return cls._new(x, records, [], run, kind, nlist, pq_m)
 
@@ -358,10 +104,13 @@ class Index(IndexSearcher):
                 in memory ``#id``).
             out: the index folder to write (it must not hold an index); None: keep it in memory (``save`` later).
             names: one name per image, shown in search results instead of its path.
-            kind, nlist, pq_m: as ``from_embeddings``.
-            batch_size, progress: as ``TrainedRun.embed``.
+            kind: ``flat`` or ``ivf-pq``, as ``from_embeddings``.
+            nlist: as ``from_embeddings``.
+            pq_m: as ``from_embeddings``.
+            batch_size: images per forward pass, as ``TrainedRun.embed``.
+            progress: a progress bar, as ``TrainedRun.embed``.
 
-        Example:
+        Examples:
             >>> index = deepmetric.Index.build(deepmetric.load_run("runs/cub"), "gallery/", "gallery-index")
             >>> len(index), index.names[:2]
         """
@@ -388,7 +137,7 @@ class Index(IndexSearcher):
         the index was built with unless ``verify_checkpoint`` is False; on ``device``, as ``load_run`` takes it),
         with the index's image size and resize; or give the ``run``, which must be that model.
 
-        Example:
+        Examples:
             >>> index = deepmetric.Index.open("gallery-index", device="cpu")
             >>> index.search("query.jpg", k=5)[0]       # what `deepmetric search gallery-index --image query.jpg`
         """
@@ -479,11 +228,11 @@ class Index(IndexSearcher):
         tensor, l2-normalised here); returns their ids. Nothing is skipped (``deepmetric index --add`` skips files
         already indexed); ``save`` writes them.
 
-        Example:
+        Examples:
             >>> ids = index.add(["new/1.jpg", "new/2.jpg"], names=["one", "two"]); index.save()
         """
-        if _is_vectors(images):
-            x = _unit_rows(images, self.embedding_dim, "the embeddings")
+        if is_vectors(images):
+            x = unit_rows(images, self.embedding_dim, "the embeddings")
             records = _vector_records(len(x), names)
         else:
             items, records, root = _gallery(images)
@@ -511,14 +260,15 @@ class Index(IndexSearcher):
                 ``TrainedRun.embed`` takes them (a path, a PIL image, a uint8 array, or a list), embedded by
                 ``run``: the same hits as ``deepmetric search INDEX --image FILE``.
             k: how many hits per query.
-            batch_size, progress: as ``TrainedRun.embed``.
+            batch_size: images per forward pass, as ``TrainedRun.embed``.
+            progress: a progress bar, as ``TrainedRun.embed``.
 
-        Example:
+        Examples:
             >>> hits = index.search("query.jpg", k=5)[0]
             >>> [(h.name, round(h.score, 3)) for h in hits]
         """
-        if _is_vectors(queries):
-            x = _unit_rows(queries, self.embedding_dim, "the queries")
+        if is_vectors(queries):
+            x = unit_rows(queries, self.embedding_dim, "the queries")
         else:
             x = self.run.embed(queries, batch_size=batch_size, progress=progress)
         if len(x) == 0:
@@ -532,7 +282,7 @@ class Index(IndexSearcher):
         ``save()``, or ``save`` to the folder it lives in: append the items added since it was opened or saved, as
         a new generation (``deepmetric index --add``'s way: a reader sees the old index or the new one, whole).
 
-        Example:
+        Examples:
             >>> index.save("gallery-index"); index.add(more); index.save()
         """
         if path is None and self.index_dir is None:
@@ -593,7 +343,7 @@ def _gallery(images: Any) -> tuple[list[Path | Image.Image | np.ndarray], list[d
     if isinstance(images, str | os.PathLike):
         root, files = gallery_files(images)
         return list(files), [relative_item(f, root, 0) for f in files], str(root)
-    items = _image_items(images)
+    items = image_items(images)
     files = [p.parent.resolve() / p.name for p in items if isinstance(p, Path)]  # as gallery_files: folder links
     for file in files:
         if not file.is_file():

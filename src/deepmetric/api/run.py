@@ -1,0 +1,151 @@
+"""A trained run in Python: ``load_run`` and ``TrainedRun.embed``, with exactly the preprocessing and model
+``deepmetric embed`` uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..errors import CheckpointError
+from ..evaluation import EmbedSettings, embed_table
+from ..models import Embedder
+from ..training.run_dir import RunDir, load_run_checkpoint, model_from_checkpoint
+from ..training.setup import resolve_device
+from .image_inputs import ImageInput, ImagesTable, image_items
+
+CHECKPOINTS = ("auto", "best", "last")
+
+
+class TrainedRun:
+    """A trained run's model, ready to embed images exactly as ``deepmetric embed`` does (``load_run`` makes one).
+
+    Attributes:
+        path: the run directory.
+        config: its resolved config (``RUN/config.yaml``).
+        checkpoint: the checkpoint file whose weights were loaded.
+        step: the training step of that checkpoint (None when it does not say).
+        model: the ``Embedder``, in eval mode while embedding, on ``device``.
+        device: where the model runs.
+        image_size: the test-time image size (``data.image_size``; for a run loaded by an ``Index``, the
+            index's).
+        test_resize: the test-time resize (``data.test_resize``; likewise).
+
+    Examples:
+        >>> run = deepmetric.load_run("runs/cub", device="cpu")
+        >>> run.embed(["a.jpg", PIL.Image.open("b.png")]).shape   # (2, run.embedding_dim)
+    """
+
+    def __init__(self, path: Path, config: RunConfig, model: Embedder, checkpoint: Path, state: dict[str, Any],
+                 device: torch.device):
+        self.path = path
+        self.config = config
+        self.model = model
+        self.checkpoint = checkpoint
+        self.step: int | None = state.get("step")
+        self.device = device
+        self.image_size: int = config.data.image_size
+        self.test_resize: str = config.data.test_resize
+
+    @property
+    def embedding_dim(self) -> int:
+        """D, the width of the model's embeddings (a head may round the configured size down: DeML's 504 of 512)."""
+        return int(self.model.embedding_dim)
+
+    def __repr__(self) -> str:
+        return (f"TrainedRun({str(self.path)!r}, checkpoint={self.checkpoint.name!r}, step={self.step}, "
+                f"{self.embedding_dim}-d, {self.image_size} px {self.test_resize}, device={str(self.device)!r})")
+
+    def to(self, device: str | torch.device) -> TrainedRun:
+        """Move the model to ``device`` (``cpu``, ``cuda``, ``cuda:1``, ``auto``: a GPU when torch sees one);
+        returns the run.
+
+        Examples:
+            >>> run = deepmetric.load_run("runs/cub").to("cpu")
+        """
+        target = resolve_device(str(device))
+        if target != self.device:
+            self.model.to(target)
+            self.device = target
+        return self
+
+    def embed_settings(self, count: int, batch_size: int | None = None, progress: bool | None = None) -> EmbedSettings:
+        """How ``count`` images are embedded: the run's settings, as ``deepmetric embed`` takes them
+        (``EmbedSettings.from_config``), with this run's size and resize. ``progress`` None: a bar (on standard
+        error) when there is more than one batch. A single batch is decoded in this process, without workers."""
+        settings = EmbedSettings.from_config(self.config, self.device, False, batch_size)
+        show = count > settings.batch_size if progress is None else progress
+        settings = dataclasses.replace(settings, image_size=self.image_size, test_resize=self.test_resize,
+                                       progress=show)
+        return settings if count > settings.batch_size else dataclasses.replace(settings, num_workers=0)
+
+    def embed(self, images: ImageInput | Sequence[ImageInput], batch_size: int | None = None,
+              device: str | torch.device | None = None, progress: bool | None = None) -> np.ndarray:
+        """(N, D) float32 l2-normalised embeddings of ``images``, one row per image in order (N = 1 for one image).
+
+        The numbers are those ``deepmetric embed`` writes for the same files: a file is read by the library's reader
+        (``deepmetric.data.images.read_image``: any PIL mode to RGB, transparency composited on white), a PIL image
+        or array goes through the same ``to_rgb``, then the run's ``TestTransform`` and model, in batches.
+
+        Args:
+            images: one image or a list of them: file paths (str or Path), PIL images (any mode), uint8 numpy arrays
+                (H, W) gray, (H, W, 3) RGB or (H, W, 4) RGBA, tensors (C, H, W) or (H, W) of uint8 or floats in
+                [0, 1]; a 4-D array (N, H, W, C) or tensor (N, C, H, W) is a batch.
+            batch_size: images per forward pass (default: the run's ``eval.batch_size``, as the CLI).
+            device: move the model there first (it stays there; see ``to``); default: where it is.
+            progress: a progress bar on standard error; None: when there is more than one batch.
+
+        Examples:
+            >>> x = run.embed(["cat.png", np.zeros((32, 32, 3), np.uint8)])
+            >>> x.shape, float(x[0] @ x[1])   # ((2, D), the cosine similarity of the two)
+        """
+        items = image_items(images)
+        if device is not None:
+            self.to(device)
+        if not items:
+            return np.zeros((0, self.embedding_dim), dtype=np.float32)
+        table = ImagesTable(name="images", images=items, labels=np.zeros(len(items)),
+                             splits=np.array(["test"] * len(items), dtype=object),
+                             is_query=np.ones(len(items), bool), is_gallery=np.ones(len(items), bool))
+        embeddings = embed_table(self.model, table, self.embed_settings(len(items), batch_size, progress))
+        return embeddings.astype(np.float32, copy=False)
+
+
+def load_run(path: str | os.PathLike[str], checkpoint: str | os.PathLike[str] = "auto",
+             device: str | torch.device | None = None) -> TrainedRun:
+    """Load a trained run directory's model, to embed images with exactly its preprocessing (``TrainedRun.embed``).
+
+    Args:
+        path: the run directory (``deepmetric train --out``).
+        checkpoint: ``auto`` (the default, as the CLI's ``--checkpoint``): ``best`` when the run has one (it had a
+            validation split), else ``last``; ``best`` or ``last`` for that one; or the path of a checkpoint file.
+        device: where the model runs (``cpu``, ``cuda``, ``cuda:1``, ``auto``); default (None): the run's
+            ``train.device`` as the CLI resolves it, so ``auto``, the usual setting, is a GPU when torch sees one,
+            else the CPU. Give ``device="cpu"`` to keep a GPU free, or for a run trained with ``train.device=cuda``
+            loaded on a machine without one.
+
+    Examples:
+        >>> import deepmetric
+        >>> run = deepmetric.load_run("runs/cub")
+        >>> run.checkpoint.name, run.embedding_dim, run.image_size   # ('best.safetensors', 512, 224)
+        >>> x = run.embed(["a.jpg", "b.png"])                       # == `deepmetric embed runs/cub` of the two files
+    """
+    run_dir = RunDir(path)
+    config = run_dir.config()
+    target = resolve_device(config.train.device if device is None else str(device))
+    if str(checkpoint) in CHECKPOINTS:
+        model, config, file, _, state = load_run_checkpoint(run_dir.path, str(checkpoint), target)
+    else:
+        file = Path(checkpoint)
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {file} is not a file (give auto, best, last or a checkpoint file)")
+        model, state = model_from_checkpoint(file, target)
+        model.set_channels_last(config.train.channels_last)
+    return TrainedRun(run_dir.path, config, model, file, state, target)
+
