@@ -258,3 +258,28 @@ def test_an_ivf_pq_index_of_embeddings_round_trips_with_exact_scores(tmp_path):
                                [float(unit[q] @ unit[row[1].id]) for q, row in zip(range(0, 1100, 50), hits,
                                                                                    strict=True)], atol=1e-5)
     np.testing.assert_allclose(again.embeddings, unit, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5, "3", True, None])
+def test_a_search_for_no_hits_or_a_k_that_is_not_a_number_is_refused(loaded, tmp_path, capsys, k):
+    """``index.search(x, k=0)`` (and ``k=-1``) returned one hit each: the caller asked for none. Refused in the
+    API, in ``deepmetric search``'s searcher and in ``serve``'s (one check, ``search.check_k``), before any image is
+    embedded."""
+    from deepmetric.retrieval.search import IndexSearcher
+
+    index = deepmetric.Index.from_embeddings(np.eye(3, 16), names=["a", "b", "c"], run=loaded)
+    with pytest.raises(IndexStoreError, match=r"^k must be a whole number of hits, 1 or more, not "):
+        index.search(np.ones(16), k=k)
+    with pytest.raises(IndexStoreError, match=r"^k must be a whole number"):
+        index.search(tmp_path / "not-read.png", k=k)  # refused before the file is looked for
+    index.save(tmp_path / "index")
+    with pytest.raises(IndexStoreError, match=r"^k must be a whole number"):
+        IndexSearcher(tmp_path / "index").search_vectors(np.ones((1, 16), np.float32), k)
+    hits = index.search(np.eye(1, 16), k=np.int64(5))[0]  # numpy's integers are whole numbers; 5 > 3 items: 3
+    assert len(hits) == 3 and hits[0].name == "a"
+
+
+def test_a_run_folder_that_does_not_exist_is_named_as_such_and_an_index_counts_its_items():
+    with pytest.raises(deepmetric.errors.DeepMetricError, match=r"^no such run directory: runs/does-not-exist$"):
+        deepmetric.load_run("runs/does-not-exist")
+    assert repr(deepmetric.Index.from_embeddings(np.ones((1, 2)))) == "Index(in memory, flat, 1 item of 2-d, 1 unsaved)"

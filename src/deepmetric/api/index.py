@@ -17,7 +17,7 @@ from ..errors import DataError, IndexStoreError
 from ..io import check_writable
 from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
-from ..retrieval.search import Hit, IndexSearcher, index_checkpoint
+from ..retrieval.search import Hit, IndexSearcher, check_k, index_checkpoint
 from ..retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
 from .image_inputs import ImageInput, image_items, is_vectors, unit_rows
 from .run import TrainedRun, load_run
@@ -198,7 +198,8 @@ class Index(IndexSearcher):
     def __repr__(self) -> str:
         where = f"{str(self.index_dir)!r}" if self.index_dir is not None else "in memory"
         pending = self.count - self._saved if self.index_dir is not None else self.count
-        return (f"Index({where}, {self.kind}, {self.count} items of {self.embedding_dim}-d"
+        return (f"Index({where}, {self.kind}, {self.count} item{'' if self.count == 1 else 's'} of "
+                f"{self.embedding_dim}-d"
                 + (f", {pending} unsaved" if pending else "") + ")")
 
     @property
@@ -267,6 +268,7 @@ class Index(IndexSearcher):
             >>> hits = index.search("query.jpg", k=5)[0]
             >>> [(h.name, round(h.score, 3)) for h in hits]
         """
+        check_k(k)  # before any embedding work
         if is_vectors(queries):
             x = unit_rows(queries, self.embedding_dim, "the queries")
         else:

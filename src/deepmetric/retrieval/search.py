@@ -52,7 +52,7 @@ class IndexSearcher:
     def search_vectors(self, queries: np.ndarray, k: int) -> list[list[Hit]]:
         """The top ``k`` (at most the index size) hits of each l2-normalised query row, best first."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        k = max(1, min(k, self.count))
+        k = min(check_k(k), max(1, self.count))
         if self.exact is None:
             scores, ids = self.index.search(queries, k)
         else:
@@ -70,6 +70,13 @@ class IndexSearcher:
         scores = np.take_along_axis(exact, order, axis=1)
         ids = np.where(np.isfinite(scores), np.take_along_axis(candidates, order, axis=1), -1)
         return scores, ids
+
+
+def check_k(k: Any) -> int:
+    """``k``, the hits asked for per query, refused unless a whole number from 1 (``k=0`` gave one hit)."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise IndexStoreError(f"k must be a whole number of hits, 1 or more, not {k!r}")
+    return int(k)
 
 
 def index_checkpoint(index_dir: str | Path, model_info: dict[str, Any], verify: bool = True) -> Path:

@@ -264,6 +264,8 @@ class RunDir:
 
     def config(self) -> RunConfig:
         if not self.config_path.is_file():
+            if not self.path.exists():
+                raise DeepMetricError(f"no such run directory: {self.path}")
             raise DeepMetricError(f"{self.path} is not a run directory (no config.yaml)")
         try:
             data = yaml.safe_load(self.config_path.read_text()) or {}
