@@ -129,10 +129,19 @@ def test_load_run_selects_checkpoints_as_the_cli_and_describes_the_run(tiny_run,
 def test_embed_refuses_what_is_not_an_image_in_one_line(loaded, tmp_path):
     for images, message in ((tmp_path, "is a folder"), (np.zeros((4, 4, 3), np.float32), "float32 array"),
                             ([np.zeros((4, 4, 2), np.uint8)], r"images\[0\] is an array of shape \(4, 4, 2\)"),
-                            (torch.full((3, 4, 4), 2.0), r"outside \[0, 1\]"), ([3], "images\\[0\\] is a int"),
+                            (torch.full((3, 4, 4), 2.0), r"outside \[0, 1\]"), ([3], "images\\[0\\] is an int;"),
+                            ([{}], "images\\[0\\] is a dict;"), (b"\x89PNG", r"^images are bytes; .*io.BytesIO"),
                             ([tmp_path / "missing.png"], "does not exist")):
         with pytest.raises(DataError, match=message):
             loaded.embed(images)
+
+
+def test_a_device_torch_does_not_know_is_one_error(tiny_run):
+    """``load_run(run, device="gpu")`` ended in torch's RuntimeError listing twenty device types."""
+    from deepmetric.errors import DeepMetricError
+
+    with pytest.raises(DeepMetricError, match=r"^device 'gpu' is not one torch knows: give auto, cpu, cuda or cuda:N$"):
+        deepmetric.load_run(tiny_run, device="gpu")
 
 
 def test_the_package_exports_the_run_api_and_imports_it_on_first_use():

@@ -86,12 +86,15 @@ def _image_item(item: Any, where: str) -> Path | Image.Image | np.ndarray:
         item = _tensor_array(item, where)
     if isinstance(item, np.ndarray):
         return _checked_array(item, where)
-    raise DataError(f"{where} is a {type(item).__name__}; expected an image: a path, a PIL image, a uint8 numpy "
-                    "array (H, W), (H, W, 3) or (H, W, 4), or a tensor (C, H, W)")
+    article = "an" if type(item).__name__[:1].lower() in "aeiou" else "a"
+    raise DataError(f"{where} is {article} {type(item).__name__}; expected an image: a path, a PIL image, a uint8 "
+                    "numpy array (H, W), (H, W, 3) or (H, W, 4), or a tensor (C, H, W)")
 
 
 def image_items(images: Any) -> list[Path | Image.Image | np.ndarray]:
     """A single image or a sequence of them (a 4-D array (N, H, W, C) or tensor (N, C, H, W) is a batch), checked."""
+    if isinstance(images, bytes | bytearray | memoryview):
+        raise DataError("images are bytes; give a path, or open them first: PIL.Image.open(io.BytesIO(data))")
     if isinstance(images, str | os.PathLike | Image.Image) or (
             isinstance(images, np.ndarray | torch.Tensor) and images.ndim < 4):
         return [_image_item(images, "the image")]

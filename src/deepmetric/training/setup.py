@@ -26,7 +26,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeepMetricError(f"train.device={name} but torch sees no CUDA device")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DeepMetricError(f"device '{name}' is not one torch knows: give auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if device.index is None:  # torch.cuda.set_device refuses a device without an index
             device = torch.device("cuda", local_rank)
