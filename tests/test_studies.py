@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -542,3 +543,42 @@ def test_a_damaged_record_is_named_never_restored_and_a_fixed_one_is_used(tmp_pa
     assert main(["study", str(study), "--quiet"]) == 0 and not trained
     assert (tmp_path / "out/results.csv").read_text() == first
     assert (tmp_path / "out/runs/gap/0/metrics.json").read_text() == good
+
+
+def test_dry_run_says_where_each_run_stands(tmp_path, capsys):
+    """A study trained over several sessions: ``--dry-run`` names each run's state (finished, recorded, training
+    now with its step, stopped with the step it resumes at, trained but not evaluated, to train) and counts them."""
+    import shutil
+
+    from deepmetric.cli import main
+    from deepmetric.config import build_config
+    from deepmetric.studies.dry_run import dry_run
+    from deepmetric.training import train
+    from deepmetric.training.run_dir import RunDir
+
+    study = write_study(tmp_path, variants={"gap": {}}, seeds=[0], record=str(tmp_path / "record"))
+    run_study(load_study(study), progress=False)  # seed 0: finished (and recorded)
+    study = write_study(tmp_path, variants={"gap": {}}, seeds=[0, 1, 2, 3, 4, 5], record=str(tmp_path / "record"))
+    spec = load_study(study)
+    runs = {run.repeat: run for run in spec.runs()}
+    shutil.copytree(tmp_path / "record/gap/0", tmp_path / "record/gap/1")  # seed 1: in the record only
+    stopped = build_config(*runs[2].layers, {"train": {"steps": 1}})
+    train(stopped, spec.run_dir(runs[2]), progress=False)  # seed 2: its last checkpoint at step 1 of 2
+    train(build_config(*runs[3].layers), spec.run_dir(runs[3]), progress=False)  # seed 3: trained, not evaluated
+    busy = RunDir(spec.run_dir(runs[4]))
+    busy.path.mkdir(parents=True)
+    with busy.holding():  # seed 4: another process trains it
+        busy.metrics_log.write_text('{"step": 1, "loss": 0.5}\n{"step": 1, "val_recall@1": 0.5}\n')
+        states = [(row.repeat, row.state, row.progress) for row in dry_run(spec)]
+        assert main(["study", str(study), "--dry-run"]) == 0
+    assert states == [("seed 0", "finished", ""),
+                      ("seed 1", "recorded", "restored from the record when the study runs"),
+                      ("seed 2", "stopped", "step 1 of 2 (resumes there)"),
+                      ("seed 3", "trained", "step 2 (its test evaluation is left)"),
+                      ("seed 4", "training now", f"step 1 of 2 (process {os.getpid()})"),
+                      ("seed 5", "to train", "")]
+    out = capsys.readouterr().out
+    assert out.startswith(f"study tiny: 6 runs into {tmp_path / 'out'} (1 finished, 1 recorded, 1 training now, "
+                          "1 stopped, 1 trained, 1 to train)\n")
+    assert "  gap / seed 2 [stopped: step 1 of 2 (resumes there)]: train.steps=2" in out
+    assert "  gap / seed 5 [to train]: " in out

@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config overrides for every run, e.g. data.spec=cub:/data/CUB_200_2011")
     p.add_argument("--out", help="override the study's output folder")
     p.add_argument("--dry-run", action="store_true",
-                   help="list every run and build its config, model, objective and optimiser groups without "
+                   help="list every run with its state (finished, recorded, training now, stopped at step N, "
+                   "trained, to train) and build its config, model, objective and optimiser groups without "
                    "reading images or writing anything; exit 2 naming the runs that would fail")
     p.add_argument("--only", metavar="VARIANT[,VARIANT...]",
                    help="train only these variants now (every seed or split of each); the results still hold every "

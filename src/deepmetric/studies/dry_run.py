@@ -5,17 +5,27 @@ its config is built, its data path checked to exist (``data.check_data_path``: t
 fails here until the command line gives the real one), and its model (with the weights it names: a missing file
 or an unreachable download is that run's failure), objective and optimiser groups, as ``deepmetric train`` builds
 them. Runs that resolve to the same model, objective and groups are built once.
+
+Each run's state is read from its folder and the study's record, so that a study trained over several sessions (or
+machines) says where it stands: ``finished``, ``recorded`` (in the record, restored when the study runs),
+``training now`` (held by a process: its last logged step), ``stopped at step N`` (resumes there), ``trained``
+(its test evaluation left) or ``to train``. The first line counts them.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..config import build_config
 from ..data import check_data_path
 from ..errors import DeepMetricError
+from ..training.checkpoint import checkpoint_state
+from ..training.run_dir import RunDir
+from .record import finished
 from .spec import StudyRun, StudySpec
 
 DRY_RUN_CLASSES = 100
@@ -29,6 +39,10 @@ class DryRunRow:
     settings: str
     outcome: str
     ok: bool
+    state: str = "to train"
+    """``finished``, ``recorded``, ``training now``, ``stopped``, ``trained`` or ``to train``."""
+    progress: str = ""
+    """The state's details: ``step 580 of 1,000 (process 7497)``."""
 
 
 def _flatten(layer: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -70,13 +84,51 @@ def _build(config: Any) -> str:
     return f"ok: {count:,} parameters; groups {groups}"
 
 
+def _last_logged_step(folder: RunDir) -> int | None:
+    """The last training step ``metrics.jsonl`` logged (None: nothing logged, or nothing readable)."""
+    try:
+        lines = folder.metrics_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
+def run_state(folder: RunDir, record: Path | None, steps: int) -> tuple[str, str]:
+    """Where a study's run stands (the module docstring lists the states), and the details in words."""
+    if finished(folder):
+        return "finished", ""
+    if record is not None and (record / "metrics.json").is_file():
+        return "recorded", "restored from the record when the study runs"
+    holder = folder.holder()
+    if holder is not None:
+        return "training now", f"step {_last_logged_step(folder) or 0:,} of {steps:,} (process {holder})"
+    if not folder.last.is_file():
+        return "to train", ""
+    try:
+        step = checkpoint_state(folder.last).get("step")
+    except DeepMetricError as error:
+        return "stopped", f"its last checkpoint does not read ({error})"
+    if isinstance(step, int) and step >= steps:
+        return "trained", f"step {step:,} (its test evaluation is left)"
+    return "stopped", f"step {step:,} of {steps:,} (resumes there)" if isinstance(step, int) else "resumes"
+
+
 def dry_run(spec: StudySpec) -> list[DryRunRow]:
     """Build every run of ``spec`` (see the module docstring); a row per run, in the order the study runs them."""
     rows, built = [], {}
     for run in spec.runs():
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
+        state, progress = "to train", ""
         try:
             config = build_config(*run.layers)
+            state, progress = run_state(RunDir(spec.run_dir(run)), spec.record_dir(run), config.train.steps)
             check_data_path(config.data.spec)
             plain = config.to_dict()
             key = json.dumps({k: plain[k] for k in ("model", "loss", "generator")} | {"train": plain["train"]},
@@ -91,12 +143,18 @@ def dry_run(spec: StudySpec) -> list[DryRunRow]:
             outcome, ok = built[key]
         except DeepMetricError as error:
             outcome, ok = f"FAILS: {error}", False
-        rows.append(DryRunRow(run.variant or "base", repeat, _settings(spec, run), outcome, ok))
+        rows.append(DryRunRow(run.variant or "base", repeat, _settings(spec, run), outcome, ok, state, progress))
     return rows
 
 
+STATES = ("finished", "recorded", "training now", "stopped", "trained", "to train")
+
+
 def format_dry_run(spec: StudySpec, rows: list[DryRunRow]) -> str:
-    lines = [f"study {spec.name}: {len(rows)} runs into {spec.out}"]
+    counts = Counter(row.state for row in rows)
+    states = ", ".join(f"{counts[state]} {state}" for state in STATES if counts[state])
+    lines = [f"study {spec.name}: {len(rows)} runs into {spec.out} ({states})"]
     for row in rows:
-        lines.append(f"  {row.run} / {row.repeat}: {row.settings}\n      {row.outcome}")
+        state = row.state + (f": {row.progress}" if row.progress else "")
+        lines.append(f"  {row.run} / {row.repeat} [{state}]: {row.settings}\n      {row.outcome}")
     return "\n".join(lines)
