@@ -84,7 +84,11 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
     code, _, err = run(capsys, "train", *TINY, "--out", str(tmp_path / "r"), "train.stepz=3")
     assert code == 2 and "did you mean 'train.steps'" in err
     code, _, err = run(capsys, "evaluate", str(tmp_path / "missing"))
-    assert code == 2 and "not a run directory" in err
+    assert code == 2 and "no such run directory" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "evaluate", str(tmp_path / "empty"))
+    assert code == 2 and "empty is not a run directory (no config.yaml)" in err
+    assert not (tmp_path / "missing").exists() and list((tmp_path / "empty").iterdir()) == []  # nothing made
 
 
 def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):

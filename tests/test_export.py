@@ -182,7 +182,7 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error:") and message in err and "Traceback" not in err
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "m.onnx")]) == 2
-    assert "not a run directory" in capsys.readouterr().err
+    assert "no such run directory" in capsys.readouterr().err
     assert not (tmp_path / "m.onnx").exists()
 
 

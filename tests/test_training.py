@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -479,3 +480,29 @@ def test_the_constant_loss_watch_counts_consecutive_equal_values_only():
     watch = ConstantLoss(steps=3)
     said = [watch.update(step, value) for step, value in enumerate([1.0, 0.5, 0.5, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0], 1)]
     assert said == [None, None, None, None, None, None, (5, 7), None, None]
+
+
+def test_a_run_being_trained_is_not_evaluated_into_its_folder(tiny_run, tmp_path, capsys):
+    """``deepmetric evaluate RUN`` while a study trained RUN wrote ``RUN/metrics.json`` mid-training: had the
+    training then stopped, the study would have counted the run as finished at that step and never resumed it.
+    Now evaluating a held run is refused, naming the process, and writes nothing; a free run is evaluated."""
+    import shutil
+
+    from deepmetric.cli import main
+    from deepmetric.errors import RunInUse
+    from deepmetric.workflows import evaluate_all_embeddings, evaluate_run
+
+    copy_of_run = tmp_path / "run"
+    shutil.copytree(tiny_run, copy_of_run)
+    run = RunDir(copy_of_run)
+    before = sorted(p.name for p in copy_of_run.iterdir())
+    with run.claimed():  # the training process
+        for evaluate in (evaluate_run, evaluate_all_embeddings):
+            with pytest.raises(RunInUse, match=rf"^{re.escape(str(copy_of_run))} is being trained by process "
+                                               rf"{os.getpid()}: evaluate it once that ends"):
+                evaluate(copy_of_run, progress=False)
+        assert main(["evaluate", str(copy_of_run), "--quiet"]) == 2
+        assert "is being trained by process" in capsys.readouterr().err
+        assert sorted(p.name for p in copy_of_run.iterdir()) == before  # no metrics.json
+    assert evaluate_run(copy_of_run, progress=False)["split"] == "test"  # free again
+    assert run.test_metrics.is_file()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from .config import RunConfig
 from .data import check_data_path
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalTable, test_sizes_match
-from .errors import CheckpointError, DataError
+from .errors import CheckpointError, DataError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
 from .io import atomic_write_bytes, atomic_write_text, check_writable, to_json, unprefixed
@@ -23,6 +25,21 @@ from .provenance import evaluation_environment
 from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
+
+
+@contextlib.contextmanager
+def held_for_evaluation(run: RunDir) -> Iterator[None]:
+    """Hold ``run`` (``RunDir.claimed``) while it is evaluated. A run another process trains is refused: its
+    ``metrics.json``, written mid-training, made a run that then stopped count as finished (a study skipped it),
+    and the training's own evaluation overwrites it anyway. Inside a study's ``holding`` the claim nests."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(run.claimed())
+        except RunInUse as busy:
+            raise RunInUse(f"{run.path} is being trained by process {busy.holder}: evaluate it once that ends (its "
+                           "own evaluation writes metrics.json then), or evaluate a copy of a checkpoint",
+                           busy.holder) from None
+        yield
 
 
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
@@ -43,14 +60,16 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         config.data.val_fraction = 0.0
     check_data_path(config.data.spec)  # before the model is loaded
     device = resolve_device(config.train.device)
-    model, _, checkpoint = load_run_model(run.path, which, device)
-    table, _ = load_table(config, progress, only_split="test")
-    part = table.split("test")
-    embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress), desc="embedding test")
-    metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
-                            config.eval.engine, progress)
-    record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
-    atomic_write_text(run.test_metrics_of(checkpoint), to_json(record, indent=2))
+    with held_for_evaluation(run):
+        model, _, checkpoint = load_run_model(run.path, which, device)
+        table, _ = load_table(config, progress, only_split="test")
+        part = table.split("test")
+        embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress),
+                                 desc="embedding test")
+        metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
+                                config.eval.engine, progress)
+        record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
+        atomic_write_text(run.test_metrics_of(checkpoint), to_json(record, indent=2))
     return record, embeddings
 
 
@@ -72,12 +91,19 @@ def evaluate_all_embeddings(run_dir: str | Path, which: str = "auto", pca_dim: i
     or its objective computes (HORDE's per-order embeddings, thesis Tables 5.3-5.5) and, with the objective's,
     of the concatenation of those and the model's reduced by a PCA fitted on the training split (HORDE's †);
     writes and returns ``RUN/metrics-all-embeddings.json``'s record."""
-    from .evaluation.auxiliary import concat_pca, embed_with_objective, learner_summary
-    from .losses import build_objective
-
     run = RunDir(run_dir)
     config = run.config()
     check_data_path(config.data.spec)  # before the model is loaded
+    with held_for_evaluation(run):
+        return _all_embeddings_record(run, config, which, pca_dim, progress)
+
+
+def _all_embeddings_record(run: RunDir, config: RunConfig, which: str, pca_dim: int,
+                           progress: bool) -> dict[str, Any]:
+    """``evaluate_all_embeddings``' work, on a run this process holds."""
+    from .evaluation.auxiliary import concat_pca, embed_with_objective, learner_summary
+    from .losses import build_objective
+
     device = resolve_device(config.train.device)
     model, _, checkpoint, tensors, state = load_run_checkpoint(run.path, which, device)  # the objective's too
     table, _ = load_table(config, progress, only_split="test")  # the audit reads only the splits it needs
