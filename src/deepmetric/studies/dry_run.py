@@ -87,17 +87,11 @@ def _build(config: Any) -> str:
 def _last_logged_step(folder: RunDir) -> int | None:
     """The last training step ``metrics.jsonl`` logged (None: nothing logged, or nothing readable)."""
     try:
-        lines = folder.metrics_log.read_text(errors="replace").splitlines()
-    except OSError:
+        records = folder.read_log()
+    except (DeepMetricError, OSError):
         return None
-    for line in reversed(lines):
-        try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(step, int):
-            return step
-    return None
+    steps = [r["step"] for r in records if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def run_state(folder: RunDir, record: Path | None, steps: int) -> tuple[str, str]:
