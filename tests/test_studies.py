@@ -582,3 +582,26 @@ def test_dry_run_says_where_each_run_stands(tmp_path, capsys):
                           "1 stopped, 1 trained, 1 to train)\n")
     assert "  gap / seed 2 [stopped: step 1 of 2 (resumes there)]: train.steps=2" in out
     assert "  gap / seed 5 [to train]: " in out
+
+
+def test_a_tilde_in_a_study_files_folders_or_a_weights_path_is_the_home_folder(tmp_path, monkeypatch):
+    """``out: ~/studies/x`` and ``record: ~/records`` in a study file, and ``model.weights: ~/w.safetensors`` in a
+    config (no shell expands ``~`` in a file), were folders and files named "~" in the working directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    from deepmetric.models.backbones import BACKBONES, _load_weights
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study(write_study(tmp_path, out="~/studies/x", record="~/records"))
+    assert spec.out == tmp_path / "home/studies/x" and spec.record == tmp_path / "home/records"
+    state = {name: value + 1 for name, value in BACKBONES.get("tiny")(False).model.state_dict().items()
+             if value.is_floating_point()}
+    (tmp_path / "home").mkdir()
+    save_file(state, tmp_path / "home/w.safetensors")
+    network = BACKBONES.get("tiny")(False)
+    _load_weights(network.model, "~/w.safetensors")
+    loaded = network.model.state_dict()
+    assert state and all(torch.equal(loaded[name], value) for name, value in state.items())
+    assert not (tmp_path / "~").exists()

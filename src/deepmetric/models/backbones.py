@@ -293,7 +293,7 @@ WEIGHT_SOURCES: dict[str, str] = {
 
 
 def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backbone: str = "") -> None:
-    file = Path(path)
+    file = Path(path).expanduser()  # "~/weights.safetensors" in a config file: the home folder's
     if not file.is_file():
         source = f"; it is {WEIGHT_SOURCES[backbone]}" if backbone in WEIGHT_SOURCES else ""
         raise CheckpointError(f"backbone weights {file} (model.weights) do not exist{source}")

@@ -234,7 +234,10 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if not isinstance(all_embeddings, bool):
         raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
     record = data.get("record")
-    if record is not None and (not isinstance(record, str) or Path(record).exists() and not Path(record).is_dir()):
+    if record is not None and not isinstance(record, str):
+        raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
+    record_dir = Path(record).expanduser() if record is not None else None  # "~" in a file: the home folder
+    if record_dir is not None and record_dir.exists() and not record_dir.is_dir():
         raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
     compare = data.get("compare") or []
     compare = [compare] if isinstance(compare, str) else compare
@@ -244,11 +247,11 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
         if reference not in variants:
             raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
                               + variant_hint(reference, variants))
-    spec = StudySpec(name=name, base=base, out=Path(out),
+    spec = StudySpec(name=name, base=base, out=Path(out).expanduser(),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
-                     record=Path(record) if record is not None else None, compare=compare)
+                     record=record_dir, compare=compare)
     failing = {}  # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
     for run in spec.runs():
         try:
