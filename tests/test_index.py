@@ -410,7 +410,7 @@ def test_an_index_written_with_absolute_paths_still_loads_and_names_no_absolute_
 def test_a_query_is_embedded_in_the_memory_format_of_its_gallery(tiny_run, tmp_path, capsys, channels_last):
     """``deepmetric search`` and ``serve`` embedded queries NCHW while ``deepmetric index`` (and the Python API)
     embedded the gallery in the run's ``train.channels_last`` (NHWC by default): scores differed from the API's in
-    the last bits, and CPU queries ran at about half speed. Now the searcher takes the run's format (None: a run
+    the last bits. Now the searcher takes the run's format (None: a run
     folder without its config, where the default applies) and embeds a query exactly as ``load_run`` does."""
     import deepmetric
     from deepmetric.data.images import read_image

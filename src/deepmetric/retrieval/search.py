@@ -97,8 +97,8 @@ def index_checkpoint(index_dir: str | Path, model_info: dict[str, Any], verify: 
 def run_channels_last(run_dir: str | Path) -> bool:
     """The run's ``train.channels_last``: the memory format its gallery was embedded in (``deepmetric index`` loads
     the run as ``load_run`` does), so that a query is embedded the same way (NCHW and NHWC convolutions differ in
-    the last bits; on a CPU channels-last is about twice as fast). The default when the run's config cannot be read
-    (an index whose run folder kept only its checkpoint)."""
+    the last bits). The default when the run's config cannot be read (an index whose run folder kept only its
+    checkpoint)."""
     try:
         return RunDir(run_dir).config().train.channels_last
     except (DeepMetricError, OSError):
