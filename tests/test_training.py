@@ -498,11 +498,11 @@ def test_a_run_being_trained_is_not_evaluated_into_its_folder(tiny_run, tmp_path
     before = sorted(p.name for p in copy_of_run.iterdir())
     with run.claimed():  # the training process
         for evaluate in (evaluate_run, evaluate_all_embeddings):
-            with pytest.raises(RunInUse, match=rf"^{re.escape(str(copy_of_run))} is being trained by process "
-                                               rf"{os.getpid()}: evaluate it once that ends"):
+            with pytest.raises(RunInUse, match=rf"^{re.escape(str(copy_of_run))} is in use by process "
+                                               rf"{os.getpid()} \(training or evaluating it\): evaluate it once"):
                 evaluate(copy_of_run, progress=False)
         assert main(["evaluate", str(copy_of_run), "--quiet"]) == 2
-        assert "is being trained by process" in capsys.readouterr().err
+        assert "is in use by process" in capsys.readouterr().err
         assert sorted(p.name for p in copy_of_run.iterdir()) == before  # no metrics.json
     assert evaluate_run(copy_of_run, progress=False)["split"] == "test"  # free again
     assert run.test_metrics.is_file()

@@ -29,16 +29,16 @@ from .training.setup import load_table, resolve_device
 
 @contextlib.contextmanager
 def held_for_evaluation(run: RunDir) -> Iterator[None]:
-    """Hold ``run`` (``RunDir.claimed``) while it is evaluated. A run another process trains is refused: its
+    """Hold ``run`` (``RunDir.claimed``) while it is evaluated. A run another process holds is refused: its
     ``metrics.json``, written mid-training, made a run that then stopped count as finished (a study skipped it),
     and the training's own evaluation overwrites it anyway. Inside a study's ``holding`` the claim nests."""
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(run.claimed())
         except RunInUse as busy:
-            raise RunInUse(f"{run.path} is being trained by process {busy.holder}: evaluate it once that ends (its "
-                           "own evaluation writes metrics.json then), or evaluate a copy of a checkpoint",
-                           busy.holder) from None
+            raise RunInUse(f"{run.path} is in use by process {busy.holder} (training or evaluating it): evaluate "
+                           "it once that ends (a training's own evaluation writes metrics.json), or evaluate a copy "
+                           "of a checkpoint", busy.holder) from None
         yield
 
 
