@@ -605,3 +605,40 @@ def test_a_tilde_in_a_study_files_folders_or_a_weights_path_is_the_home_folder(t
     loaded = network.model.state_dict()
     assert state and all(torch.equal(loaded[name], value) for name, value in state.items())
     assert not (tmp_path / "~").exists()
+
+
+def test_results_md_lists_each_seed_and_what_each_variant_cost_to_train(tmp_path):
+    """Issue 36 asks the comparison's table for per-seed R@1 and cost beside mean ± std: both are sections of the
+    study's own ``results.md``, read from the runs' files (so a restored record gives them again)."""
+    paths = run_study(load_study(write_study(tmp_path, variants={"gap": {}}, seeds=[0, 1, 2])), progress=False)
+    rows = {int(r["repeat"]): r for r in csv.DictReader(paths["csv"].open())}
+    table = paths["md"].read_text()
+    r1 = " / ".join(f"{100 * float(rows[s]['recall@1']):.2f}" for s in (0, 1, 2))
+    mapr = " / ".join(f"{100 * float(rows[s]['map@r']):.2f}" for s in (0, 1, 2))
+    assert "## Each seed\n\nTest figures in %, seed 0 / 1 / 2.\n" in table and f"| gap | {r1} | {mapr} |" in table
+    cost = table[table.index("## Training cost"):]
+    assert "| variant | runs | images/s | training minutes per run | machine |" in cost
+    assert cost.count("| gap | 3 | ") == 1 and ("thread |" in cost or "threads |" in cost)
+    (tmp_path / "one").mkdir()
+    single = load_study(write_study(tmp_path / "one", variants={"gap": {}}, seeds=[0]))
+    assert "## Each seed" not in run_study(single, progress=False)["md"].read_text()  # one seed: nothing to list
+
+
+def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
+    """The cost section's arithmetic on a hand-written run: windows of 10 steps of 6 images at 6 and 3 images/s
+    took 10 + 20 s; validation records and a damaged environment are no obstacle."""
+    from deepmetric.studies.cost import machine_of, run_cost
+    from deepmetric.training.run_dir import RunDir
+
+    folder = RunDir(tmp_path / "run")
+    folder.path.mkdir()
+    folder.config_path.write_text("data: {classes_per_batch: 2, samples_per_class: 3}\n")
+    folder.metrics_log.write_text('{"step": 10, "loss": 1, "images_per_s": 6.0}\n{"step": 10, "split": "val", '
+                                  '"recall@1": 0.5}\n{"step": 20, "loss": 1, "images_per_s": 3.0}\n')
+    folder.environment.write_text(json.dumps({"sessions": [{"gpu": "NVIDIA H200", "threads": 1},
+                                                           {"cpu": "AMD EPYC", "threads": 2}]}))
+    assert run_cost(folder) == {"images_per_s": 4.5, "seconds": 30.0, "machine": "NVIDIA H200 + AMD EPYC, 2 threads"}
+    folder.environment.write_text("{")
+    assert machine_of(folder) == "?"
+    folder.config_path.write_text("data: [1]\n")
+    assert run_cost(folder) is None  # no batch size: no time

@@ -1,6 +1,7 @@
 """Collect a study's test metrics into ``results.csv`` (one row per run), ``results.md`` (mean ± std per
 variant, the best mean of each column in bold among the variants on the same data set) and ``results.png``
-(Recall@1 and MAP@R with std bars). With ``compare``, ``results.md`` also sets each variant against the reference
+(Recall@1 and MAP@R with std bars). ``results.md`` also lists each repeat's Recall@1 and MAP@R (``per_repeat``) and
+what each variant cost to train (``cost.training_cost``). With ``compare``, it sets each variant against the reference
 variants (``comparison``: the difference of means, marked where the ±1 std intervals do not overlap). With
 ``all_embeddings``, ``results-all-embeddings.{csv,md}`` do the same for every embedding ``evaluate
 --all-embeddings`` scored, one row per variant and embedding (``abe-8 / abe.learner1-8 std`` is the learners'
@@ -26,6 +27,7 @@ from ..errors import DeepMetricError
 from ..evaluation.table import metric_label
 from ..io import atomic_write_bytes, atomic_write_text
 from ..training.run_dir import RunDir
+from .cost import training_cost
 from .record import finished, problem
 from .spec import StudyRun, StudySpec
 
@@ -174,6 +176,24 @@ def comparison(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def per_repeat(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
+    """Each variant's Recall@1 and MAP@R of every repeat (seed or split), in the study's order ("—": not finished);
+    empty for a study of one repeat."""
+    shown = [m for m in COMPARED if any(m in r for r in rows)]
+    if len(spec.repeats) < 2 or not shown:
+        return ""
+    kind = "split" if spec.protocol == "splits" else "seed"
+    order = " / ".join(str(repeat) for repeat in spec.repeats)
+    lines = [f"## Each {kind}", "", f"Test figures in %, {kind} {order}.", "",
+             "| variant | " + " | ".join(metric_label(m) for m in shown) + " |", "|---|" + "---|" * len(shown)]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        by_repeat = {r["repeat"]: r for r in rows if r["variant"] == variant}
+        cells = [" / ".join(f"{100 * by_repeat[repeat][m]:.2f}" if by_repeat.get(repeat, {}).get(m) is not None
+                            else "—" for repeat in spec.repeats) for m in shown]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def chart(rows: list[dict[str, Any]], title: str) -> bytes:
     """Grouped bars of Recall@1 and MAP@R (mean ± std) per variant, as PNG bytes."""
     from matplotlib.figure import Figure
@@ -229,8 +249,8 @@ def write_results(spec: StudySpec, rows: list[dict[str, Any]],
     spec.out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": spec.out / "results.csv", "md": spec.out / "results.md", "png": spec.out / "results.png"}
     atomic_write_text(paths["csv"], _csv(rows))
-    against = comparison(spec, rows)
-    atomic_write_text(paths["md"], markdown(spec, rows) + (f"\n{against}" if against else ""))
+    sections = [markdown(spec, rows), per_repeat(spec, rows), comparison(spec, rows), training_cost(spec)]
+    atomic_write_text(paths["md"], "\n".join(section for section in sections if section))
     atomic_write_bytes(paths["png"], chart(rows, f"study {spec.name}"))
     if embedding_rows:
         paths["embeddings_csv"] = spec.out / "results-all-embeddings.csv"
