@@ -508,6 +508,10 @@ def test_a_finished_run_whose_settings_changed_is_not_reused_silently(tmp_path, 
     kept = [p for p in (tmp_path / "out/runs/gap").iterdir() if p.name != "0"]
     assert len(kept) == 1 and (kept[0] / "metrics.json").read_bytes() == before  # the old run is set aside
     assert main(["study", str(study), "--quiet"]) == 0  # now it matches: reused
+    after = (tmp_path / "out/runs/gap/0/metrics.json").read_bytes()
+    for setting in ("train.device=cpu", "train.threads=1", "data.num_workers=0"):  # where, not what, it measures
+        assert main(["study", str(study), "--quiet", setting]) == 0
+    assert (tmp_path / "out/runs/gap/0/metrics.json").read_bytes() == after  # reused, not trained again
 
 
 def test_a_damaged_record_is_named_never_restored_and_a_fixed_one_is_used(tmp_path, monkeypatch, capsys):
