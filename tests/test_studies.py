@@ -621,7 +621,7 @@ def test_results_md_lists_each_seed_and_what_each_variant_cost_to_train(tmp_path
     mapr = " / ".join(f"{100 * float(rows[s]['map@r']):.2f}" for s in (0, 1, 2))
     assert "## Each seed\n\nTest figures in %, seed 0 / 1 / 2.\n" in table and f"| gap | {r1} | {mapr} |" in table
     cost = table[table.index("## Training cost"):]
-    assert "| variant | runs | images/s | training minutes per run | machine |" in cost
+    assert "| variant | runs | images/s | training time per run | machine |" in cost
     assert cost.count("| gap | 3 | ") == 1 and ("thread |" in cost or "threads |" in cost)
     (tmp_path / "one").mkdir()
     single = load_study(write_study(tmp_path / "one", variants={"gap": {}}, seeds=[0]))
@@ -631,7 +631,7 @@ def test_results_md_lists_each_seed_and_what_each_variant_cost_to_train(tmp_path
 def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
     """The cost section's arithmetic on a hand-written run: windows of 10 steps of 6 images at 6 and 3 images/s
     took 10 + 20 s; validation records and a damaged environment are no obstacle."""
-    from deepmetric.studies.cost import machine_of, run_cost
+    from deepmetric.studies.cost import duration, machine_of, run_cost
     from deepmetric.training.run_dir import RunDir
 
     folder = RunDir(tmp_path / "run")
@@ -642,6 +642,7 @@ def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
     folder.environment.write_text(json.dumps({"sessions": [{"gpu": "NVIDIA H200", "threads": 1},
                                                            {"cpu": "AMD EPYC", "threads": 2}]}))
     assert run_cost(folder) == {"images_per_s": 4.5, "seconds": 30.0, "machine": "NVIDIA H200 + AMD EPYC, 2 threads"}
+    assert [duration(s) for s in (30.0, 750.0, 8280.0)] == ["30 s", "12.5 min", "2.3 h"]
     folder.environment.write_text("{")
     assert machine_of(folder) == "?"
     folder.config_path.write_text("data: [1]\n")

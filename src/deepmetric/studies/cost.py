@@ -83,10 +83,17 @@ def training_cost(spec: StudySpec) -> str:
              "Read from each run's log: the median logged rate, and the time its training steps took (validation "
              "and test evaluation excluded), median over the variant's runs; a rate is the machine's share the run "
              "got (runs sharing a machine report less).", "",
-             "| variant | runs | images/s | training minutes per run | machine |", "|---|---|---|---|---|"]
+             "| variant | runs | images/s | training time per run | machine |", "|---|---|---|---|---|"]
     for variant, runs in costs.items():
         rate = statistics.median(c["images_per_s"] for c in runs)
-        minutes = statistics.median(c["seconds"] for c in runs) / 60
+        seconds = statistics.median(c["seconds"] for c in runs)
         machines = "; ".join(dict.fromkeys(c["machine"] for c in runs))
-        lines.append(f"| {variant} | {len(runs)} | {rate:.0f} | {minutes:.1f} | {machines} |")
+        lines.append(f"| {variant} | {len(runs)} | {rate:.0f} | {duration(seconds)} | {machines} |")
     return "\n".join(lines) + "\n"
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``12.5 min``, ``2.3 h``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
