@@ -309,3 +309,15 @@ def test_the_benchmarks_not_fetched_say_where_their_official_files_are(spec, pag
     message = str(caught.value)
     assert message.startswith(f"data set '{spec}' needs a path: {spec}:PATH. ")
     assert page in message and layout in message and f"--data {spec.removesuffix('-cropped')}:PATH" in message
+
+
+def test_a_data_folder_that_cannot_be_written_is_one_error_naming_it(tmp_path, serve, monkeypatch):
+    """``DEEPMETRIC_DATA`` pointing below a file (or a read-only place) ended in an ``OSError`` traceback from the
+    lock or the folder's creation; now one error names the folder and the two ways out."""
+    server = serve()
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "a-file" / "data"))
+    with pytest.raises(DataError, match=r"^cub: cannot write to .*a-file/data: .*; set DEEPMETRIC_DATA to a folder "
+                                        r"you can write, or download it yourself and use --data cub:PATH$"):
+        load_dataset("cub", check_counts=False)
+    assert server.ranges == []  # nothing was requested

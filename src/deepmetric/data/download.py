@@ -275,11 +275,19 @@ def fetch(name: str, root: Path | None = None, progress: bool = True) -> Path:
     root = Path(root) if root is not None else data_home() / name
     if is_built(root, archive):
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(name, root.parent, error) from None
     with _taking_turns(root.parent / f".{root.name}.lock", name):
         if is_built(root, archive):  # built by the process this one waited for
             return root
         return _fetch(name, archive, root, progress)
+
+
+def _unwritable(name: str, folder: Path, error: OSError) -> DataError:
+    return DataError(f"{name}: cannot write to {folder}: {error.strerror or error}; set DEEPMETRIC_DATA to a folder "
+                     f"you can write, or download it yourself and use --data {name}:PATH")
 
 
 @contextlib.contextmanager
@@ -287,7 +295,10 @@ def _taking_turns(lock: Path, name: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock`` (waiting, with a warning, while another process holds it); the file
     is removed on the way out. A waiter that wakes on a file already removed opens the new one and waits again."""
     while True:
-        handle = open(lock, "a+b")  # noqa: SIM115 (held until the block ends)
+        try:
+            handle = open(lock, "a+b")  # noqa: SIM115 (held until the block ends)
+        except OSError as error:
+            raise _unwritable(name, lock.parent, error) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
