@@ -63,6 +63,9 @@ def test_bad_values_name_the_key():
     ({"loss": {"options": {"negative_weigth": 25}}}, r"loss 'binomial' has no option.*'negative_weight'"),
     ({"loss": {"regularizers": {"hord": {}}}}, r"unknown regularizer 'hord' \(did you mean 'horde'\?\)"),
     ({"loss": {"regularizers": {"horde": {"weight": 1, "order": 3}}}}, r"regularizer 'horde' has no option 'order'"),
+    ({"model": {"head": "abe", "head_options": {"num_learners:4": None}}},  # what YAML makes of {num_learners:4}
+     r"^head 'abe': option 'num_learners:4' reads as one name; YAML needs a space after the colon: "
+     r"\{num_learners: 4\}$"),
 ])
 def test_names_and_options_of_the_model_and_loss_are_checked_with_the_config(values, message):
     """A typo stops ``build_config``, before any data is read (the image audit of a large set takes minutes)."""

@@ -144,3 +144,17 @@ def test_gap_without_l2_leaves_the_embedding_unnormalised():
         expected = model.head.embed(output.extras["pooled"])
     assert not model.head.normalized and torch.allclose(output.embedding, expected)
     assert not torch.allclose(output.embedding.norm(dim=1), torch.ones(3))
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_an_embedding_of_no_dimension_is_refused_except_gaps_pooled_features(name):
+    """``model.embedding_dim=0`` is the gap head's "no projection" (the pooled backbone features); ``bilinear`` and
+    ``jcf`` built a 0-d embedding and trained on it without a word. Every other head refuses it, naming the key."""
+    from deepmetric.errors import ConfigError
+
+    if name == "gap":
+        model = create_model(backbone="tiny", head=name, embedding_dim=0, pretrained=False).eval()
+        assert model(torch.rand(2, 3, 32, 32)).embedding.shape[1] == model.embedding_dim > 0  # the channels
+        return
+    with pytest.raises(ConfigError, match=r"model\.embedding_dim"):
+        create_model(backbone="tiny", head=name, embedding_dim=0, pretrained=False)

@@ -138,6 +138,10 @@ class Registry(Generic[T]):
         accepted = self.options(name)
         for key in options or {}:
             if key not in accepted:
+                spaced = str(key).partition(":")
+                if spaced[1] and spaced[0] in accepted:  # {num_learners:0}: YAML reads one key, valued null
+                    raise self.error(f"{self.kind} '{name}': option '{key}' reads as one name; YAML needs a space "
+                                     f"after the colon: {{{spaced[0]}: {spaced[2]}}}")
                 raise self.error(f"{self.kind} '{name}' has no option '{key}'{did_you_mean(key, accepted)}; its "
                                  f"options are: {', '.join(accepted) or 'none'}")
         return entry

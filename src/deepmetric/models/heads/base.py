@@ -181,6 +181,15 @@ class Head(nn.Module):
         raise NotImplementedError
 
 
+def check_embedding_dim(head: str, embedding_dim: int) -> int:
+    """``model.embedding_dim`` for a head that always projects: at least 1 (0 means "no projection, the pooled
+    features" only to ``gap``; elsewhere it made a 0-d embedding that trained on nothing)."""
+    if embedding_dim < 1:
+        raise ConfigError(f"head '{head}': model.embedding_dim must be at least 1, got {embedding_dim} (0, the "
+                          "pooled features without a projection, is the gap head's)")
+    return embedding_dim
+
+
 def learner_dim(head: str, embedding_dim: int, learners: int) -> int:
     """Dimensions of each of ``learners`` equal learners sharing ``model.embedding_dim`` D: floor(D / M), DeML's
     rule (§3.1: CA_(i,j) in R^{d/(IJ)}, floored). When M does not divide D the embedding has M floor(D / M)

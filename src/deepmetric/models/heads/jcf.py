@@ -37,7 +37,7 @@ from torch import nn
 from ...errors import ConfigError
 from ..backbones import Backbone
 from ..high_order.matrix import signed_sqrt
-from .base import Head, HeadOutput
+from .base import Head, HeadOutput, check_embedding_dim
 from .second_order import reduction
 
 
@@ -72,7 +72,7 @@ class JCFHead(Head):
             raise ConfigError(f"head 'jcf': codewords and rank must be positive, got {codewords}, {rank}")
         if rank is not None and factorization == "none":
             raise ConfigError("head 'jcf': rank (JCF-N-R) needs factorization=jcf")
-        self.embedding_dim, self.codewords, self.rank = embedding_dim, codewords, rank
+        self.embedding_dim, self.codewords, self.rank = check_embedding_dim("jcf", embedding_dim), codewords, rank
         self.factorization, self.init_images, self.auto_alpha = factorization, init_images, alpha is None
         self.feature_channels = in_channels
         self.reduce, d = reduction(in_channels, reduce_dim)

@@ -37,7 +37,7 @@ from ..backbones import Backbone
 from ..high_order import HighOrderMoments
 from ..high_order.matrix import covariance, cross, matrix_power, newton_schulz_sqrt, second_order, signed_sqrt
 from ..high_order.sketch import TensorSketch
-from .base import Head, HeadOutput
+from .base import Head, HeadOutput, check_embedding_dim
 
 POOLINGS = ("second_order", "covariance", "bilinear")
 FACTORIZATIONS = ("none", "random_maclaurin", "tensor_sketch", "rank_one", "hpbp")
@@ -72,7 +72,7 @@ class SecondOrderHead(Head):
             raise ConfigError("head 'bilinear': two-stream pooling is implemented with factorization=none only")
         self.pooling, self.factorization, self.matrix_norm = pooling, factorization, matrix_norm
         self.use_signed_sqrt, self.power, self.iterations = signed_sqrt, power, iterations
-        self.embedding_dim = embedding_dim
+        self.embedding_dim = check_embedding_dim("bilinear", embedding_dim)
         self.feature_channels = in_channels  # extras["feature_map"] is the trunk's output F
         self.reduce, c = reduction(in_channels, reduce_dim)
         if pooling == "bilinear":
