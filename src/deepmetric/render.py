@@ -70,9 +70,8 @@ def project_2d(points: np.ndarray, method: str = "tsne", seed: int = 0, metric: 
 
         perplexity = float(min(30.0, (len(points) - 1) / 3))
         tsne = TSNE(2, perplexity=perplexity, init="pca", metric=metric, random_state=seed)
-        if len(points) > SINGLE_THREAD_TSNE_UP_TO:
-            return tsne.fit_transform(points)
-        with threadpool_limits(1):  # a few hundred points: threads only contend (35 s against 0.5 s on a busy CPU)
+        threads = 1 if len(points) <= SINGLE_THREAD_TSNE_UP_TO else None  # None: no limit
+        with threadpool_limits(threads):  # a few hundred points: threads only contend (35 s against 0.5 s, busy CPU)
             return tsne.fit_transform(points)
     from sklearn.decomposition import PCA
 

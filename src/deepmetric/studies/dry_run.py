@@ -25,7 +25,7 @@ from ..data import check_data_path
 from ..errors import DeepMetricError
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir
-from .record import finished
+from .record import finished, recorded
 from .spec import StudyRun, StudySpec
 
 DRY_RUN_CLASSES = 100
@@ -98,7 +98,7 @@ def run_state(folder: RunDir, record: Path | None, steps: int) -> tuple[str, str
     """Where a study's run stands (the module docstring lists the states), and the details in words."""
     if finished(folder):
         return "finished", ""
-    if record is not None and (record / "metrics.json").is_file():
+    if record is not None and recorded(record):
         return "recorded", "restored from the record when the study runs"
     holder = folder.holder()
     if holder is not None:

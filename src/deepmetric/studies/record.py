@@ -112,12 +112,17 @@ def record_run(run: RunDir, record: Path) -> int:
     return copied
 
 
+def recorded(record: Path) -> bool:
+    """Whether ``record`` holds a finished run (its ``metrics.json``, checked when it is restored)."""
+    return (record / "metrics.json").is_file()
+
+
 def restore_run(record: Path, run: RunDir) -> bool:
     """Restore a recorded finished run into ``run``'s folder when that folder holds no finished run of its own;
     whether it did. Files of an unfinished attempt in the folder (a partial log, a damaged ``metrics.json``) give
     way to the record's. Every recorded file is checked first: a damaged record raises ``DamagedRecord`` naming the
     file, and nothing is restored."""
-    if finished(run) or not (record / "metrics.json").is_file():
+    if finished(run) or not recorded(record):
         return False
     check_record(record)
     for name in sorted(RECORDED, key=lambda name: name == "metrics.json"):  # the file that marks it finished last

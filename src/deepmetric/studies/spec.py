@@ -234,10 +234,8 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if not isinstance(all_embeddings, bool):
         raise ConfigError(f"study file {path}: 'all_embeddings' must be true or false, got {all_embeddings!r}")
     record = data.get("record")
-    if record is not None and not isinstance(record, str):
-        raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
-    record_dir = Path(record).expanduser() if record is not None else None  # "~" in a file: the home folder
-    if record_dir is not None and record_dir.exists() and not record_dir.is_dir():
+    record_dir = Path(record).expanduser() if isinstance(record, str) else None  # "~" in a file: the home folder
+    if record is not None and (record_dir is None or record_dir.exists() and not record_dir.is_dir()):
         raise ConfigError(f"study file {path}: 'record' must be a folder, got {record!r}")
     compare = data.get("compare") or []
     compare = [compare] if isinstance(compare, str) else compare
