@@ -385,7 +385,7 @@ def test_kmeans_without_faiss_warns_from_the_cluster_count_where_it_is_slow(monk
     (lambda: retrieval_metrics(np.eye(2), ["a", "a"]),
      r"^query labels must be integer class labels, got an array of <U1 \(map names to integers first\)$"),
     (lambda: retrieval_metrics(np.eye(2), [0.0, 0.5]), r"^query labels must be integer class labels$"),
-    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2), [0, 0, 1]), r"^gallery labels has 3 entries for 2"),
+    (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2), [0, 0, 1]), r"^gallery labels: 3 entries for 2"),
     (lambda: retrieval_metrics(np.eye(2), [0, 0], gallery_labels=[0, 0]),
      r"^gallery labels given without gallery embeddings$"),
     (lambda: retrieval_metrics(np.eye(2), [0, 0], np.eye(2)), r"^gallery embeddings given without gallery labels$"),
@@ -410,13 +410,19 @@ def test_labels_may_be_integral_floats_or_tensors_and_one_query_is_enough():
 
 def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
     """K larger than the gallery: every item is searched, the last one included (own row excluded when there is
-    no gallery); a query whose class is absent from the gallery (even a label above all of the gallery's) is left
+    no gallery), and a warning says that such a K counts every query with a match; a query whose class is absent from the gallery (even a label above all of the gallery's) is left
     out, with a warning that counts it."""
     # q (0 deg, class 0) meets its only positive last, at rank 3 of 3
-    m = retrieval_metrics(angles(0), [0], angles(10, 20, 170), [1, 1, 0], recall_at=(1, 2, 3, 50), nmi=False)
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        m = retrieval_metrics(angles(0), [0], angles(10, 20, 170), [1, 1, 0], recall_at=(1, 2, 3, 50), nmi=False)
     assert [m[f"recall@{k}"] for k in (1, 2, 3, 50)] == [0.0, 0.0, 1.0, 1.0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Recall@3,50: K reaches the 3 items each query is ranked against, so every query with a match counts as a "
+        "hit (1.0)"]
+    caplog.clear()
     m = retrieval_metrics(angles(0, 10, 20, 170), [0, 1, 1, 0], recall_at=(3, 50), nmi=False)  # own row removed
     assert m["recall@3"] == 1.0 and m["recall@50"] == 1.0
+    caplog.clear()
     with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
         m = retrieval_metrics(angles(0, 90, 20), [0, 7, 1], angles(10, 100, 190), [0, 1, 1], recall_at=(1,), nmi=False)
     # q0 finds its class first; q2 (20 deg, class 1) meets 10 (class 0), then 100 (1): AP (1/2)(0 + 1/2)
@@ -430,8 +436,8 @@ def test_nmi_is_null_with_a_warning_where_undefined_and_deterministic_where_defi
     counts; where it is defined it is a number, no warning, and the same at every call (k-means from seed 0)."""
     gallery, gallery_labels = angles(0, 5, 90, 95), [0, 0, 1, 1]
     with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
-        every_query_its_class = retrieval_metrics(angles(1, 91), [0, 1], gallery, gallery_labels)
-        one_class = retrieval_metrics(angles(1, 3), [0, 0], gallery, gallery_labels)
+        every_query_its_class = retrieval_metrics(angles(1, 91), [0, 1], gallery, gallery_labels, recall_at=(1, 2))
+        one_class = retrieval_metrics(angles(1, 3), [0, 0], gallery, gallery_labels, recall_at=(1, 2))
     assert every_query_its_class["nmi"] is None and one_class["nmi"] is None
     assert [r.getMessage() for r in caplog.records] == [
         "NMI is undefined here (the 2 queries hold 2 classes; it needs 2 or more, and fewer classes than queries): "

@@ -74,7 +74,7 @@ def _as_labels(array: np.ndarray | torch.Tensor, n: int, name: str) -> torch.Ten
             raise DeepMetricError(f"{name} must be integer class labels")
     labels = labels.long()
     if len(labels) != n:
-        raise DeepMetricError(f"{name} has {len(labels)} entries for {n} embeddings")
+        raise DeepMetricError(f"{name}: {len(labels)} entries for {n} embeddings")
     return labels
 
 
@@ -153,6 +153,10 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
                     int((~valid).sum()), len(valid))
     searchable = gallery.shape[0] - (1 if self_index is not None and (self_index >= 0).any() else 0)
     k = min(searchable, max(max(recall_at), int(r.max())))
+    beyond = [kk for kk in recall_at if kk >= searchable]
+    if beyond:
+        log.warning("Recall@%s: K reaches the %d items each query is ranked against, so every query with a match "
+                    "counts as a hit (1.0)", ",".join(map(str, beyond)), searchable)
     first_hit = torch.empty(len(r), dtype=torch.long)
     average_precision = torch.empty(len(r))
     r_precision = torch.empty(len(r))
