@@ -79,6 +79,12 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
     np.save(tmp_path / "y.npy", np.zeros(1))
     code, _, err = run(capsys, "metrics", str(tmp_path / "obj.npy"), str(tmp_path / "y.npy"))
     assert code == 2 and err.startswith("error:") and "pickled arrays are refused" in err
+    np.savetxt(tmp_path / "labels.txt", [0, 1, 0], fmt="%d")  # text, and an .npz, are not called pickled
+    np.savez(tmp_path / "y.npz", y=np.zeros(1))
+    for labels in ("labels.txt", "y.npz"):
+        code, _, err = run(capsys, "metrics", str(tmp_path / "y.npy"), str(tmp_path / labels))
+        assert code == 2 and err == (f"error: labels file {tmp_path / labels} is not a .npy file (numpy.save writes "
+                                     "one; text, CSV and .npz files are not read)\n")
     code, _, err = run(capsys, "train", "--data", "nope", "--out", str(tmp_path / "r"))
     assert code == 2 and "unknown data set 'nope'" in err and "Traceback" not in err
     code, _, err = run(capsys, "train", *TINY, "--out", str(tmp_path / "r"), "train.stepz=3")

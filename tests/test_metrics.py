@@ -410,8 +410,8 @@ def test_labels_may_be_integral_floats_or_tensors_and_one_query_is_enough():
 
 def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
     """K larger than the gallery: every item is searched, the last one included (own row excluded when there is
-    no gallery), and a warning says that such a K counts every query with a match; a query whose class is absent from the gallery (even a label above all of the gallery's) is left
-    out, with a warning that counts it."""
+    no gallery), and a warning says that such a K counts every query with a match; a query whose class is absent
+    from the gallery (even a label above all of the gallery's) is left out, with a warning that counts it."""
     # q (0 deg, class 0) meets its only positive last, at rank 3 of 3
     with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
         m = retrieval_metrics(angles(0), [0], angles(10, 20, 170), [1, 1, 0], recall_at=(1, 2, 3, 50), nmi=False)
