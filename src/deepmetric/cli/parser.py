@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
     p.add_argument("run_dir")
     p.add_argument("--images", required=True, help="an image file or a folder of images")
-    p.add_argument("--out", required=True, help="output .npy (image paths go to OUT.paths.txt)")
+    p.add_argument("--out", required=True,
+                   help="the .npy file to write (the image paths go beside it: feat.npy, feat.paths.txt)")
     _add_run_options(p)
     p.set_defaults(func=commands.cmd_embed)
 
