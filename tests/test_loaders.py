@@ -309,6 +309,8 @@ def test_corrupt_and_fake_images_are_named(tmp_path):
     for name in ("truncated.jpg", "text.png", "empty.jpg", "absent.jpg"):
         with pytest.raises(DataError, match=name):
             read_image(tmp_path / name)
+    with pytest.raises(DataError, match=f"^image {tmp_path} is a folder, not an image file$"):
+        read_image(tmp_path)
 
 
 def test_csv_from_excel_latin_1_huge_labels_and_every_bad_row_at_once(tmp_path):

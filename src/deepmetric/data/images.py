@@ -97,6 +97,8 @@ def read_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> np.ndarray:
             rgb = to_rgb(image)
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist") from None
+    except IsADirectoryError:  # `deepmetric search --image photos/`: not "corrupt or truncated"
+        raise DataError(f"image {path} is a folder, not an image file") from None
     except PermissionError:
         raise DataError(f"image {path} cannot be read (permission denied)") from None
     except UnidentifiedImageError:
