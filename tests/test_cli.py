@@ -434,7 +434,7 @@ def test_odd_inputs_of_embed_metrics_study_and_resume_are_one_line_each(tiny_run
         code, out, err = run(capsys, "embed", str(tiny_run), "--images", str(images), "--out", folder, "--quiet")
         example = tmp_path / ("new" if folder.endswith("/") else "") / "embeddings.npy"
         assert code == 2 and out == ""
-        assert err == f"error: {folder} is a folder; give the .npy file to write, e.g. {example}\n"
+        assert err == f"error: {folder} is a folder; give the file to write, e.g. {example}\n"
     assert not (tmp_path / ".npy").exists() and not (tmp_path / "new").exists()
 
     good, labels = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32), np.array([0, 0, 1, 1, 2, 2])

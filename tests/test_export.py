@@ -184,6 +184,13 @@ def test_the_cli_exports_a_run_and_writes_its_json(tiny_run, tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "m.onnx")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     assert not (tmp_path / "m.onnx").exists()
+    (tmp_path / "models").mkdir()  # a folder: not the sibling models.onnx, nor the hidden models/.onnx
+    for folder in (str(tmp_path / "models"), f"{tmp_path / 'new'}/"):
+        assert main(["export", str(tiny_run), "--out", folder]) == 2
+        assert capsys.readouterr().err == (f"error: {folder} is a folder; give the file to write, e.g. "
+                                           f"{Path(folder) / 'model.onnx'}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy", "models"]
+    assert not any((tmp_path / "models").iterdir())
 
 
 def _readme_snippet() -> str:

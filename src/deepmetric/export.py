@@ -47,7 +47,7 @@ from torch import nn
 from .data.images import RGB_CONVERSION
 from .data.resizing import test_resize_plan
 from .errors import DeepMetricError
-from .io import atomic_path, check_writable, to_json
+from .io import atomic_path, check_writable, refuse_folder, to_json
 from .models import Embedder
 from .provenance import software
 from .training.checkpoint import checkpoint_state
@@ -119,6 +119,7 @@ def output_paths(out: str | Path, format: str) -> tuple[Path, Path]:
     """The model file (``out``, given the format's suffix when it has none) and its JSON beside it."""
     if format not in EXPORT_FORMATS:
         raise ExportError(f"export format must be one of {', '.join(EXPORT_FORMATS)}, got '{format}'")
+    refuse_folder(out, f"model{EXPORT_FORMATS[format]}")
     path = Path(out)
     if not path.suffix:
         path = path.with_suffix(EXPORT_FORMATS[format])

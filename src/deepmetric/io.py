@@ -119,6 +119,14 @@ def open_in_place(path: Path, flags: int, error: type[DeepMetricError] = WriteEr
     return fd
 
 
+def refuse_folder(out: str | Path, example: str) -> None:
+    """Refuse an output file given as a folder (one that exists, or a name ending in '/') before a suffix is added
+    to it, which would write the hidden ``runs/x/.npy`` or the sibling ``models.onnx``; ``example`` is the file name
+    the message suggests inside it."""
+    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
+        raise WriteError(f"{out} is a folder; give the file to write, e.g. {Path(out) / example}")
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before any long work, an output ``path`` whose folder cannot be written (or that is a folder)."""
     path = Path(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,10 @@ from .config import RunConfig
 from .data import check_data_path
 from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalTable, test_sizes_match
-from .errors import CheckpointError, DataError, RunInUse, WriteError
+from .errors import CheckpointError, DataError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
-from .io import atomic_write_bytes, atomic_write_text, check_writable, to_json, unprefixed
+from .io import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder, to_json, unprefixed
 from .provenance import evaluation_environment
 from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
@@ -199,8 +198,7 @@ def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which
                  batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
     """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``."""
     config: RunConfig = RunDir(run_dir).config()
-    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):  # "runs/x/" would become the hidden runs/x/.npy
-        raise WriteError(f"{out} is a folder; give the .npy file to write, e.g. {Path(out) / 'embeddings.npy'}")
+    refuse_folder(out, "embeddings.npy")
     out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
