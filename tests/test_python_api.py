@@ -131,7 +131,8 @@ def test_embed_refuses_what_is_not_an_image_in_one_line(loaded, tmp_path):
                             ([np.zeros((4, 4, 2), np.uint8)], r"images\[0\] is an array of shape \(4, 4, 2\)"),
                             (torch.full((3, 4, 4), 2.0), r"outside \[0, 1\]"), ([3], "images\\[0\\] is an int;"),
                             ([{}], "images\\[0\\] is a dict;"), (b"\x89PNG", r"^images are bytes; .*io.BytesIO"),
-                            ([tmp_path / "missing.png"], "does not exist")):
+                            ([tmp_path / "missing.png"], "does not exist"),
+                            (5, r"^the image is an int; expected an image: a path, a PIL image, a uint8 numpy")):
         with pytest.raises(DataError, match=message):
             loaded.embed(images)
 

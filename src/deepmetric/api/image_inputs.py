@@ -95,11 +95,9 @@ def image_items(images: Any) -> list[Path | Image.Image | np.ndarray]:
     """A single image or a sequence of them (a 4-D array (N, H, W, C) or tensor (N, C, H, W) is a batch), checked."""
     if isinstance(images, bytes | bytearray | memoryview):
         raise DataError("images are bytes; give a path, or open them first: PIL.Image.open(io.BytesIO(data))")
-    if isinstance(images, str | os.PathLike | Image.Image) or (
+    if not isinstance(images, Sequence | np.ndarray | torch.Tensor) or isinstance(images, str) or (
             isinstance(images, np.ndarray | torch.Tensor) and images.ndim < 4):
-        return [_image_item(images, "the image")]
-    if not isinstance(images, Sequence | np.ndarray | torch.Tensor):
-        raise DataError(f"images must be an image or a list of them, got a {type(images).__name__}")
+        return [_image_item(images, "the image")]  # one image, or what is none: its message names the type
     return [_image_item(item, f"images[{i}]") for i, item in enumerate(images)]
 
 
