@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -26,6 +27,11 @@ def test_unknown_keys_suggest_the_nearest_valid_key(tmp_path):
         build_config(parse_override("train.lrr=1"))
     with pytest.raises(ConfigError, match="unknown config key 'trian'.*did you mean 'train'"):
         build_config({"trian": {"steps": 3}})
+    for key, hint in (("train.batch", "a batch is data.classes_per_batch x data.samples_per_class (P x K) images"),
+                      ("data.batch_size", "a batch is data.classes_per_batch"),
+                      ("epochs", "training is counted in train.steps")):  # names other tools use: what ours are
+        with pytest.raises(ConfigError, match=rf"^unknown config key '{key}' \({re.escape(hint)}"):
+            build_config(parse_override(f"{key}=3"))
     (tmp_path / "c.yaml").write_text("data:\n  image_sise: 64\n")
     with pytest.raises(ConfigError, match="did you mean 'data.image_size'"):
         build_config(load_yaml(tmp_path / "c.yaml"))

@@ -102,6 +102,19 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}': unsupported type {annotation}")
 
 
+OTHER_TOOLS_KEYS = {
+    "batch": "a batch is data.classes_per_batch x data.samples_per_class (P x K) images",
+    "batch_size": "a batch is data.classes_per_batch x data.samples_per_class (P x K) images",
+    "epochs": "training is counted in train.steps (P x K batches), not epochs",
+}
+"""Keys users bring from other training tools (matched by their last part), and what deepmetric calls them."""
+
+
+def _unknown_key_hint(full: str, key: str, choices: list[str]) -> str:
+    """A hint for an unknown key: what deepmetric calls a familiar setting, else the closest known key."""
+    return f" ({OTHER_TOOLS_KEYS[key]})" if key in OTHER_TOOLS_KEYS else did_you_mean(full, choices)
+
+
 def apply_values(target: Any, values: dict[str, Any], prefix: str = "") -> None:
     hints = typing.get_type_hints(type(target))
     names = [f.name for f in dataclasses.fields(target)]
@@ -109,7 +122,7 @@ def apply_values(target: Any, values: dict[str, Any], prefix: str = "") -> None:
         full = f"{prefix}{key}"
         if key not in names:
             valid = [f"{prefix}{n}" for n in names]
-            raise ConfigError(f"unknown config key '{full}'{did_you_mean(full, valid + _all_keys())}")
+            raise ConfigError(f"unknown config key '{full}'{_unknown_key_hint(full, key, valid + _all_keys())}")
         current = getattr(target, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
