@@ -351,6 +351,16 @@ def test_a_failed_start_is_refused_before_any_write_and_a_folder_without_checkpo
     assert run.last.is_file() and [r["step"] for r in run.read_log() if "loss" in r] == [1, 2]
 
 
+def test_the_run_folder_is_named_before_the_first_step_and_again_on_resume(tmp_path, caplog):
+    """`deepmetric train` without --out picks runs/<time>-…: it is said when training starts, not only at the end."""
+    run = tmp_path / "run"
+    with caplog.at_level("INFO", logger="deepmetric"):
+        train(tiny_config(train={"steps": 1}), run, progress=False)
+        train(tiny_config(train={"steps": 2}), run, resume=True, progress=False)
+    named = [m for m in caplog.messages if m.startswith("run directory")]
+    assert named == [f"run directory {run}", f"run directory {run} (resuming after step 1)"]
+
+
 def test_temporaries_left_by_a_killed_write_are_removed_on_the_next_start(tmp_path):
     run = RunDir(tmp_path / "run")
     train(tiny_config(train={"steps": 1}), run.path, progress=False)

@@ -364,6 +364,8 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         _prepare_run_dir(run, resume, context, config)
         device = _set_up_process(config.train, context)
         session, bad_items = _build_session(config, run, context, device, resume, progress and context.is_main)
+        if context.is_main:  # before the first step: the folder to watch (its log, TensorBoard) while it trains
+            log.info("run directory %s%s", run.path, f" (resuming after step {session.start_step})" if resume else "")
         _first_writes(session, bad_items)
         try:
             return _loop(session)
