@@ -102,11 +102,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}': unsupported type {annotation}")
 
 
-OTHER_TOOLS_KEYS = {
-    "batch": "a batch is data.classes_per_batch x data.samples_per_class (P x K) images",
-    "batch_size": "a batch is data.classes_per_batch x data.samples_per_class (P x K) images",
-    "epochs": "training is counted in train.steps (P x K batches), not epochs",
-}
+_BATCH = "a batch is data.classes_per_batch x data.samples_per_class (P x K) images"
+OTHER_TOOLS_KEYS = {"batch": _BATCH, "batch_size": _BATCH,
+                    "epochs": "training is counted in train.steps (P x K batches), not epochs"}
 """Keys users bring from other training tools (matched by their last part), and what deepmetric calls them."""
 
 
