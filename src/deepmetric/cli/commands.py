@@ -249,23 +249,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-NPY_MAGIC = b"\x93NUMPY"
-"""The first bytes of every .npy file (numpy's format specification)."""
-
-
 def _load_array(path: str, what: str) -> np.ndarray:
     file = Path(path)
     if not file.is_file():
         raise DeepMetricError(f"{what} file {file} does not exist")
+    magic = np.lib.format.MAGIC_PREFIX
     with file.open("rb") as handle:
-        if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:  # np.load calls any other file "pickled (object) data"
+        if handle.read(len(magic)) != magic:  # np.load calls any other file "pickled (object) data"
             raise DeepMetricError(f"{what} file {file} is not a .npy file (numpy.save writes one; text, CSV and "
                                   ".npz files are not read)")
-    try:
-        return np.load(file, allow_pickle=False)
-    except ValueError as error:
-        raise DeepMetricError(f"{what} file {file} is not a plain .npy array (pickled arrays are refused): "
-                              f"{error}") from None
+        handle.seek(0)
+        try:
+            return np.load(handle, allow_pickle=False)
+        except ValueError as error:
+            raise DeepMetricError(f"{what} file {file} is not a plain .npy array (pickled arrays are refused): "
+                                  f"{error}") from None
 
 
 def _parse_ranks(text: str) -> list[int]:
