@@ -322,6 +322,13 @@ def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys)
     captured = capsys.readouterr()
     assert "FAILS: ABEHead: model.embedding_dim=1 is too small for 2 learners" in captured.out
     assert "2 of 4 runs would fail: abe / seed 0, abe / seed 1" in captured.err
+    # --only with --dry-run lists what --only would train, and refuses a misspelt variant as the study itself does
+    assert main(["study", str(study), "--dry-run", "--only", "abe"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs" in out and "abe / seed 1" in out and "gap / seed" not in out
+    assert main(["study", str(study), "--dry-run", "--only", "aeb"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no variant named 'aeb' (did you mean 'abe'?)" in captured.err
 
 
 def test_results_csv_cells_cannot_run_as_spreadsheet_formulas():

@@ -209,20 +209,20 @@ def cmd_study(args: argparse.Namespace) -> int:
     spec = load_study(args.file, [parse_override(text) for text in args.overrides])
     if args.out:
         spec.out = Path(args.out)
+    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
+    if args.only is not None and not only:
+        raise DeepMetricError(f"--only names no variant ({args.only!r}); give one or more, e.g. --only "
+                              + ",".join(list(spec.variants)[:2]))
     if args.dry_run:
         from ..studies.dry_run import dry_run, format_dry_run
 
-        rows = dry_run(spec)
+        rows = dry_run(spec, only)
         say(format_dry_run(spec, rows))
         failing = [f"{row.run} / {row.repeat}" for row in rows if not row.ok]
         if failing:
             raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
                                   + ", ".join(failing))
         return 0
-    only = [name.strip() for name in (args.only or "").split(",") if name.strip()]
-    if args.only is not None and not only:
-        raise DeepMetricError(f"--only names no variant ({args.only!r}); give one or more, e.g. --only "
-                              + ",".join(list(spec.variants)[:2]))
     paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed)
     say(paths["md"].read_text())
     say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")

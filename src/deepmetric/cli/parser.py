@@ -195,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "trained, to train) and build its config, model, objective and optimiser groups without "
                    "reading images or writing anything; exit 2 naming the runs that would fail")
     p.add_argument("--only", metavar="VARIANT[,VARIANT...]",
-                   help="train only these variants now (every seed or split of each); the results still hold every "
-                   "finished run of the study")
+                   help="train only these variants now (every seed or split of each; with --dry-run, list only "
+                   "them); the results still hold every finished run of the study")
     p.add_argument("--retrain-changed", action="store_true",
                    help="train again the finished runs whose saved config differs from what the study file now "
                    "gives (without it the study stops and names them); their old folders are kept as "

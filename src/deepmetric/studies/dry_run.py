@@ -114,10 +114,11 @@ def run_state(folder: RunDir, record: Path | None, steps: int) -> tuple[str, str
     return "stopped", f"step {step:,} of {steps:,} (resumes there)" if isinstance(step, int) else "resumes"
 
 
-def dry_run(spec: StudySpec) -> list[DryRunRow]:
-    """Build every run of ``spec`` (see the module docstring); a row per run, in the order the study runs them."""
+def dry_run(spec: StudySpec, only: list[str] | tuple[str, ...] = ()) -> list[DryRunRow]:
+    """Build every run of ``spec`` (of the variants in ``only``, when given: those a study run with ``--only``
+    trains; see the module docstring); a row per run, in the order the study runs them."""
     rows, built = [], {}
-    for run in spec.runs():
+    for run in spec.runs(only):
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
         state, progress = "to train", ""
         try:

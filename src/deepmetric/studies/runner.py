@@ -24,7 +24,7 @@ from ..training.run_dir import RunDir, _flat
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .record import DamagedRecord, finished, record_run, restore_run
-from .spec import StudySpec, variant_hint
+from .spec import StudySpec
 
 log = logging.getLogger("deepmetric")
 
@@ -66,13 +66,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     call); write ``results.csv``, ``results.md`` and ``results.png`` from every finished run of the study. A
     finished run whose saved config differs from the one the study builds now stops the study before anything is
     trained (naming it and the settings), unless ``retrain_changed``: then it is set aside and trained again."""
-    runs = spec.runs()
-    if only:
-        unknown = [name for name in only if name not in spec.variants]
-        if unknown:
-            raise ConfigError(f"study {spec.name}: no variant named {unknown[0]!r}"
-                              + variant_hint(unknown[0], spec.variants))
-        runs = [run for run in runs if run.variant in only]
+    runs = spec.runs(only)
     changed: dict[str, list[str]] = {}
     damaged: dict[str, str] = {}
     for number, run in enumerate(runs, start=1):  # before anything trains: restore, then compare the finished runs

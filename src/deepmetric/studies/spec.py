@@ -87,12 +87,19 @@ class StudySpec:
         """Where ``run``'s record is kept: ``<record>/<variant>/<repeat>``, or none without a record."""
         return None if self.record is None else self.record / run.variant / str(run.repeat)
 
-    def runs(self) -> list[StudyRun]:
-        """Every run, repeat by repeat (all variants of the first seed or split come first, so a study stopped
-        early already compares every variant)."""
+    def runs(self, only: list[str] | tuple[str, ...] = ()) -> list[StudyRun]:
+        """Every run (of the variants in ``only``, when given; a name that is no variant is refused), repeat by
+        repeat (all variants of the first seed or split come first, so a study stopped early already compares
+        every variant)."""
+        unknown = [name for name in only if name not in self.variants]
+        if unknown:
+            raise ConfigError(f"study {self.name}: no variant named {unknown[0]!r}"
+                              + variant_hint(unknown[0], self.variants))
         runs = []
         for repeat in self.repeats:
             for variant, overrides in self.variants.items():
+                if only and variant not in only:
+                    continue
                 if self.protocol == "splits":
                     per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
                 else:
