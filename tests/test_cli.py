@@ -97,6 +97,29 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys):
     assert not (tmp_path / "missing").exists() and list((tmp_path / "empty").iterdir()) == []  # nothing made
 
 
+def test_train_says_which_flag_takes_a_preset_a_study_a_run_or_a_data_folder(tmp_path, capsys, monkeypatch):
+    """A careless user's ``deepmetric train cub-googlenet-binomial`` (a preset where a key=value goes), ``train
+    demo`` (a study), ``train runs/x`` (a run) were all "override ... is not of the form key=value"; a preset whose
+    data folder is missing said only "cub: no such folder: data/CUB_200_2011"."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "train", "cub-googlenet-binomial")
+    assert code == 2 and out == "" and err == ("error: 'cub-googlenet-binomial' is a config; train it with deepmetric "
+                                               "train --config cub-googlenet-binomial (then key=value overrides, e.g. "
+                                               "train.steps=2000)\n")
+    code, out, err = run(capsys, "train", "demo")
+    assert code == 2 and "is a study, not a run config: run it with deepmetric study demo" in err
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text("{}")
+    code, out, err = run(capsys, "train", "old")
+    assert code == 2 and "'old' is a run; continue it with deepmetric train --resume --out old" in err
+    code, out, err = run(capsys, "train", "steps")
+    assert code == 2 and err == "error: override 'steps' is not of the form key=value\n"
+    code, out, err = run(capsys, "train", "--config", "cub-googlenet-binomial")
+    assert code == 2 and err == ("error: cub: no such folder: data/CUB_200_2011 (give where it is with --data "
+                                 "cub:PATH; docs/data.md has each data set's layout and download)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # nothing written
+
+
 def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     """``--help`` imports no torch, and neither ``metrics`` of precomputed embeddings nor a ``train`` stopped by a
     bad setting imports torchvision (the data pipeline and the models): each costs seconds of start-up on a small
@@ -345,7 +368,8 @@ def test_train_refuses_a_missing_data_path_before_the_weights_or_the_model(tmp_p
     name, _, path = spec.partition(":")
     code, out, err = run(capsys, "train", "--config", "abe/cub-abe8", "--data", spec, "--out", str(tmp_path / "run"))
     assert (code, out) == (2, "")
-    assert err == f"error: {name}: no such {'file' if name == 'csv' else 'folder'}: {path}\n"
+    assert err == (f"error: {name}: no such {'file' if name == 'csv' else 'folder'}: {path} (give where it is with "
+                   f"--data {name}:PATH; docs/data.md has each data set's layout and download)\n")
     assert no_weights == [] and built == [] and not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
 
 
@@ -377,7 +401,8 @@ def test_a_missing_data_path_stops_train_before_the_model_code_is_imported(tmp_p
                              f"cub:{missing}", "--out", str(tmp_path / "run")], capture_output=True, text=True,
                             check=True)
     assert result.stdout.splitlines()[-1] == "exit 2 loaded:"
-    assert result.stderr == f"error: cub: no such folder: {missing}\n"
+    assert result.stderr == (f"error: cub: no such folder: {missing} (give where it is with --data cub:PATH; "
+                             "docs/data.md has each data set's layout and download)\n")
 
 
 def test_evaluate_report_explain_and_a_study_dry_run_check_the_data_path_before_the_model(tiny_run, tmp_path, capsys,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..config import build_config, load_yaml, merge_layers, parse_override
-from ..errors import DeepMetricError
+from ..errors import ConfigError, DataError, DeepMetricError
 from ..io import to_json
 
 MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
@@ -54,8 +54,28 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
             flags.setdefault(section, {})[key] = value
     overrides: dict[str, Any] = {}
     for text in args.overrides:
+        if "=" not in text:
+            _refuse_positional(text)
         overrides = merge_layers(overrides, parse_override(text))
     return [flags, overrides]
+
+
+def _refuse_positional(text: str) -> None:
+    """``deepmetric train cub-googlenet-binomial`` (a preset or a config file) and ``deepmetric train runs/x`` (a
+    run) put where a ``key=value`` goes: say which flag takes it (parse_override's message says only the form)."""
+    from ..presets import find_preset, resolve
+
+    if (Path(text) / "config.yaml").is_file():
+        raise DeepMetricError(f"'{text}' is a run; continue it with deepmetric train --resume --out {text}, or give "
+                              "settings as key=value (e.g. train.steps=2000)")
+    try:
+        resolve(text)
+    except ConfigError:
+        if find_preset(text, "study") is not None:
+            raise  # "... is a study, not a run config: run it with deepmetric study NAME"
+        return  # parse_override's own message
+    raise DeepMetricError(f"'{text}' is a config; train it with deepmetric train --config {text} (then key=value "
+                          "overrides, e.g. train.steps=2000)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -75,7 +95,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
     from ..data import check_data_path
 
-    check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
+    try:
+        check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
+    except DataError as error:
+        if ": no such " not in str(error):
+            raise
+        name = config.data.spec.split(":", 1)[0]
+        raise DataError(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data set's "
+                        "layout and download)") from None
     from ..training import train
     from ..workflows import add_regularizers, evaluate_run_embeddings, results_table
 
