@@ -56,6 +56,8 @@ def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, ca
     code, out, _ = run(capsys, "search", index, "--image", files[0], "--k", 100)
     assert code == 0 and out.splitlines()[0].split() == ["rank", "score", "id", "name"]
     assert len(out.splitlines()) == 1 + 8  # k is capped at the index size
+    code, out, _ = run(capsys, "search", index, "--image", files[0], "-k", 2)  # the short form a user types
+    assert code == 0 and len(out.splitlines()) == 1 + 2
 
 
 def test_add_appends_new_images_and_skips_known_ones(tiny_run, tmp_path, capsys):

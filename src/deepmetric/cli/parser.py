@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
     p.add_argument("index_dir")
     p.add_argument("--image", required=True, help="the query image")
-    p.add_argument("--k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
+    p.add_argument("--k", "-k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object: query, results [{id, name, score}]")
     p.set_defaults(func=commands.cmd_search)
 
