@@ -293,3 +293,9 @@ def test_a_run_folder_that_does_not_exist_is_named_as_such_and_an_index_counts_i
     with pytest.raises(deepmetric.errors.DeepMetricError, match=r"^no such run directory: runs/does-not-exist$"):
         deepmetric.load_run("runs/does-not-exist")
     assert repr(deepmetric.Index.from_embeddings(np.ones((1, 2)))) == "Index(in memory, flat, 1 item of 2-d, 1 unsaved)"
+    # Index("photos-index") was "missing 2 required positional arguments: 'index' and 'embeddings'"
+    with pytest.raises(TypeError, match=r"^Index\('photos-index'\) takes no folder; open one with "
+                                        r"deepmetric.Index.open\('photos-index'\)"):
+        deepmetric.Index("photos-index")
+    with pytest.raises(TypeError, match=r"^Index\(\) is made by Index.build"):
+        deepmetric.Index(deepmetric.Index.from_embeddings(np.ones((1, 2))).manifest)

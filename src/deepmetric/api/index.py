@@ -42,9 +42,17 @@ class Index(IndexSearcher):
         >>> [(h.id, h.name, h.score) for h in index.search("query.jpg", k=3)[0]]
     """
 
-    def __init__(self, manifest: IndexManifest, index: Any, embeddings: np.ndarray, run: TrainedRun | None = None,
-                 path: Path | None = None, device: str | torch.device | None = None, verify_checkpoint: bool = True):
-        """Internal: use ``build``, ``from_embeddings`` or ``open``."""
+    def __init__(self, manifest: IndexManifest, index: Any = None, embeddings: np.ndarray | None = None,
+                 run: TrainedRun | None = None, path: Path | None = None, device: str | torch.device | None = None,
+                 verify_checkpoint: bool = True):
+        """Internal: use ``build``, ``from_embeddings`` or ``open`` (``Index("photos-index")``, a folder given here, is
+        refused naming ``Index.open``; ``index`` is required, ``embeddings`` only for ``ivf-pq``'s exact re-ranking)."""
+        if isinstance(manifest, str | os.PathLike):
+            raise TypeError(f"Index({str(manifest)!r}) takes no folder; open one with deepmetric.Index.open("
+                            f"{str(manifest)!r}), or make one with Index.build(run, images, folder)")
+        if index is None:
+            raise TypeError("Index() is made by Index.build(run, images, folder), Index.from_embeddings(x) or "
+                            "Index.open(folder)")
         self.manifest = manifest
         self.index = index
         self.exact = embeddings if manifest.kind == "ivf-pq" else None
