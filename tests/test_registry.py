@@ -41,6 +41,8 @@ def test_unknown_names_and_options_are_refused_with_the_nearest_valid_one():
     with pytest.raises(ConfigError, match=r"widget 'scaled' has no option 'ofset' \(did you mean 'offset'\?\); its "
                                           r"options are: weight, factor, offset"):
         registry.check("scaled", {"ofset": 1})
+    with pytest.raises(ConfigError, match=r"unknown widget 'CONST' \(did you mean 'const'\?\)"):  # the paper's
+        registry.get("CONST")  # capitals (model.head=DGML) were suggested nothing
 
 
 def test_a_missing_required_option_is_a_config_error_but_a_constructor_bug_is_not():

@@ -64,6 +64,10 @@ class UploadError(DeepMetricError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""`` when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""`` when none is close; letter case does not
+    count (``DGML``: ``dgml``)."""
+    by_lower = {}
+    for choice in choices:
+        by_lower.setdefault(str(choice).lower(), str(choice))
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.5)
+    return f" (did you mean '{by_lower[close[0]]}'?)" if close else ""
