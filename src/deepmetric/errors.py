@@ -66,7 +66,7 @@ class UploadError(DeepMetricError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""`` when none is close; letter case does not
     count (``DGML``: ``dgml``)."""
-    by_lower = {}
+    by_lower: dict[str, str] = {}
     for choice in choices:
         by_lower.setdefault(str(choice).lower(), str(choice))
     close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.5)
