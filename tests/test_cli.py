@@ -169,7 +169,7 @@ def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_f
     (["train", "--nproc", "-1"], "--nproc: must be >= 1"),
     (["train", "--steps", "1e400"], "--steps: expected an integer, got '1e400'"),
     (["serve", "IDX", "--timeout", "nan"], "--timeout: must be > 0, got 'nan'"),
-    (["search", "IDX", "--image", "q.png", "--k", "0"], "--k: must be >= 1"),
+    (["search", "IDX", "--image", "q.png", "--k", "0"], "--k/-k: must be >= 1"),
 ])
 def test_bad_numbers_on_the_command_line_are_refused_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
