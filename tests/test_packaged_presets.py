@@ -117,6 +117,8 @@ def test_the_presets_command_prints_names_and_tables_without_importing_torch(cap
     assert main(["presets", "--studies", "--json"]) == 0
     studies = json.loads(capsys.readouterr().out)
     assert {s["name"] for s in studies} == set(preset_names("study")) and all(s["reproduces"] for s in studies)
+    summary = {s["name"]: s["reproduces"] for s in studies}  # a study's "# Reproduces:" line does not lead it
+    assert summary["emoji-160px"][0].startswith("The emoji comparison at 160 px: every method against the GAP")
     code = "import sys\nfrom deepmetric.cli import main\nmain(['presets'])\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "False" and "demo-glyphs" in out

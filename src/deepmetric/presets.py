@@ -132,9 +132,12 @@ SUMMARY_CHARACTERS = 160
 
 
 def study_summary(path: Path) -> str:
-    """The first sentence of a study file's leading comment (what it compares), at most ``SUMMARY_CHARACTERS``."""
-    lines = itertools.takewhile(lambda x: x.startswith("#"), path.read_text(encoding="utf-8").splitlines())
-    text = " ".join(line.lstrip("#").strip() for line in lines)
+    """The first sentence of a study file's leading comment (what it compares), at most ``SUMMARY_CHARACTERS``; a
+    ``# Reproduces:`` line is passed over where a description follows it (it ran into the sentence after it)."""
+    lines = [line.lstrip("#").strip() for line in
+             itertools.takewhile(lambda x: x.startswith("#"), path.read_text(encoding="utf-8").splitlines())]
+    described = [line for line in lines if not line.startswith(REPRODUCES.removeprefix("# ").strip())]
+    text = " ".join(described or lines)
     end = re.search(r"\.\s+(?=[A-Z])", text)  # "ch. 5" does not end the sentence
     sentence = text[:end.start() + 1] if end else text
     return sentence if len(sentence) <= SUMMARY_CHARACTERS else sentence[:SUMMARY_CHARACTERS - 1].rstrip() + "…"
