@@ -35,6 +35,15 @@ def test_unknown_keys_suggest_the_nearest_valid_key(tmp_path):
     (tmp_path / "c.yaml").write_text("data:\n  image_sise: 64\n")
     with pytest.raises(ConfigError, match="did you mean 'data.image_size'"):
         build_config(load_yaml(tmp_path / "c.yaml"))
+    # a setting outside its section (or in another one) names the section it belongs to; a shared name, each
+    for key, hint in (("lr", "'train.lr'"), ("model.lr", "'train.lr'"), ("image_size", "'data.image_size'"),
+                      ("seed", "'data.seed' or 'train.seed'")):
+        with pytest.raises(ConfigError, match=rf"^unknown config key '{key}' \(did you mean {hint}\?\)$"):
+            build_config(parse_override(f"{key}=3"))
+    (tmp_path / "flat.yaml").write_text("lr: 0.01\n")
+    with pytest.raises(ConfigError, match=r"not a deepmetric config: .*; each setting sits under its section, e.g. "
+                                          r"'train:' then '  lr: 0.001' on the next line$"):
+        load_yaml(tmp_path / "flat.yaml")
 
 
 def test_bad_values_name_the_key():

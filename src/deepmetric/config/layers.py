@@ -122,7 +122,8 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
     if data and not any(key in SECTIONS for key in data):  # not a config at all: quote nothing of it
         raise ConfigError(f"{path} is not a deepmetric config: none of its top-level keys is a section "
-                          f"({', '.join(SECTIONS)})")
+                          f"({', '.join(SECTIONS)}); each setting sits under its section, e.g. 'train:' then "
+                          "'  lr: 0.001' on the next line")
     parent = data.pop("extends", None)
     if parent is None:
         return data

@@ -109,8 +109,14 @@ OTHER_TOOLS_KEYS = {"batch": _BATCH, "batch_size": _BATCH,
 
 
 def _unknown_key_hint(full: str, key: str, choices: list[str]) -> str:
-    """A hint for an unknown key: what deepmetric calls a familiar setting, else the closest known key."""
-    return f" ({OTHER_TOOLS_KEYS[key]})" if key in OTHER_TOOLS_KEYS else did_you_mean(full, choices)
+    """A hint for an unknown key: what deepmetric calls a familiar setting; else the keys of that name in another
+    section (``lr``, ``model.lr``: ``train.lr``; ``seed``: ``data.seed`` or ``train.seed``); else the closest key."""
+    if key in OTHER_TOOLS_KEYS:
+        return f" ({OTHER_TOOLS_KEYS[key]})"
+    same_name = list(dict.fromkeys(c for c in choices if c.rsplit(".", 1)[-1] == key and c != full))
+    if same_name:
+        return f" (did you mean {' or '.join(repr(c) for c in same_name)}?)"
+    return did_you_mean(full, choices)
 
 
 def apply_values(target: Any, values: dict[str, Any], prefix: str = "") -> None:
