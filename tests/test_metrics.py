@@ -431,6 +431,26 @@ def test_recall_at_k_beyond_the_gallery_counts_every_rank(caplog):
         "1 of 3 queries have no other item of their class in the gallery and are left out"]
 
 
+def test_all_zero_embeddings_and_duplicate_points_are_named_in_a_warning(caplog):
+    """A collapsed model's all-zero embeddings scored silently (ties decided the ranks), and NMI's k-means on
+    duplicate points printed scikit-learn's ConvergenceWarning with its source line: each is now one warning."""
+    x = np.zeros((6, 4), np.float32)
+    x[0, 0] = 1.0
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        retrieval_metrics(x, [0, 0, 1, 1, 2, 2], recall_at=(1,))
+    assert [r.getMessage() for r in caplog.records] == [
+        "5 of 6 query embeddings are all zeros: their cosine similarity is 0 with every item, so where their matches "
+        "rank is decided by ties",
+        "NMI: k-means found 2 distinct clusters of the 3 asked for: the embeddings hold duplicate points (a collapsed "
+        "model?)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="deepmetric.evaluation.metrics"):
+        retrieval_metrics(angles(0, 5), [0, 1], np.zeros((2, 2), np.float32), [0, 1], recall_at=(1,), nmi=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "2 of 2 gallery embeddings are all zeros: their cosine similarity is 0 with every item, so where their "
+        "matches rank is decided by ties"]
+
+
 def test_nmi_is_null_with_a_warning_where_undefined_and_deterministic_where_defined(caplog):
     """NMI needs 2 or more query classes and fewer classes than queries: else None and one warning naming the
     counts; where it is defined it is a number, no warning, and the same at every call (k-means from seed 0)."""

@@ -24,6 +24,7 @@ Ties between exactly equal similarities are broken by gallery index (see ``knn.p
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -121,8 +122,15 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
         log.warning("NMI: k-means with %d clusters by scikit-learn, because faiss is not installed; this is slow "
                     "(pip install faiss-cpu, or eval.nmi=false)", n_clusters)
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
 
-    return KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
+    with warnings.catch_warnings(record=True) as caught:  # scikit-learn's own warning printed its source line
+        warnings.simplefilter("always", ConvergenceWarning)
+        assignments = KMeans(n_clusters=n_clusters, n_init=1, random_state=seed).fit_predict(x)
+    if any(issubclass(w.category, ConvergenceWarning) for w in caught):
+        log.warning("NMI: k-means found %d distinct clusters of the %d asked for: the embeddings hold duplicate "
+                    "points (a collapsed model?)", len(np.unique(assignments)), n_clusters)
+    return assignments
 
 
 def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0) -> float:
@@ -151,6 +159,11 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     if not valid.all():
         log.warning("%d of %d queries have no other item of their class in the gallery and are left out",
                     int((~valid).sum()), len(valid))
+    for name, x in (("query", query), ("gallery", gallery)) if gallery is not query else (("query", query),):
+        zero = int((x.abs().sum(dim=1) == 0).sum())
+        if zero:
+            log.warning("%d of %d %s embeddings are all zeros: their cosine similarity is 0 with every item, so "
+                        "where their matches rank is decided by ties", zero, x.shape[0], name)
     searchable = gallery.shape[0] - (1 if self_index is not None and (self_index >= 0).any() else 0)
     k = min(searchable, max(max(recall_at), int(r.max())))
     beyond = [kk for kk in recall_at if kk >= searchable]
