@@ -227,6 +227,13 @@ def test_folder_loader_and_errors(tmp_path):
     (tmp_path / "hyena").mkdir()
     with pytest.raises(DataError, match="hyena holds no image"):
         load_dataset(f"folder:{tmp_path}")
+    flat = tmp_path / "flat"  # images with no class folders: said only "has 0 class sub-folder(s)"
+    for k in range(3):
+        write_image(flat / f"{k}.png", value=40 * k)
+    with pytest.raises(DataError, match=r"^folder: .*flat has 0 class sub-folder\(s\); expected at least 2 \(its 3 "
+                                        r"image\(s\) lie in the folder itself: put each class's images in a "
+                                        r"sub-folder named after the class, .*flat/<class>/<image>\)$"):
+        load_dataset(f"folder:{flat}")
 
 
 def test_csv_loader_and_its_errors(tmp_path):

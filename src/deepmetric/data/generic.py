@@ -40,7 +40,10 @@ def load_folder(path: str | Path) -> RetrievalTable:
         raise DataError(f"folder: {root} is not a directory (expected one sub-folder of images per class)")
     class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if len(class_dirs) < 2:
-        raise DataError(f"folder: {root} has {len(class_dirs)} class sub-folder(s); expected at least 2")
+        loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        where = (f" (its {loose:,} image(s) lie in the folder itself: put each class's images in a sub-folder named "
+                 f"after the class, {root}/<class>/<image>)" if loose else "")
+        raise DataError(f"folder: {root} has {len(class_dirs)} class sub-folder(s); expected at least 2{where}")
     paths, labels, names = [], [], {}
     for label, class_dir in enumerate(class_dirs):
         files = sorted(p for p in class_dir.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
