@@ -159,7 +159,8 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
     if not valid.all():
         log.warning("%d of %d queries have no other item of their class in the gallery and are left out",
                     int((~valid).sum()), len(valid))
-    for name, x in (("query", query), ("gallery", gallery)) if gallery is not query else (("query", query),):
+    embedding_sets = [("query", query)] + ([("gallery", gallery)] if gallery is not query else [])
+    for name, x in embedding_sets:
         zero = int((x.abs().sum(dim=1) == 0).sum())
         if zero:
             log.warning("%d of %d %s embeddings are all zeros: their cosine similarity is 0 with every item, so "
