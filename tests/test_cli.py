@@ -455,6 +455,15 @@ def test_odd_inputs_of_embed_metrics_study_and_resume_are_one_line_each(tiny_run
     assert code == 0, err
     assert (tmp_path / "feat.v2.npy").is_file() and (tmp_path / "feat.v2.paths.txt").is_file()
     assert not (tmp_path / "feat.npy").exists() and "feat.v2.npy" in out
+    Image.new("L", (8, 8), 200).save(images / "b.png")  # a .txt list, as index takes it: embed read it as an image
+    (tmp_path / "list.txt").write_text("# two images, in this order\nimages/b.png\n\nimages/a.png\n")
+    code, out, err = run(capsys, "embed", str(tiny_run), "--images", str(tmp_path / "list.txt"), "--out",
+                         str(tmp_path / "listed.npy"), "--quiet")
+    assert code == 0, err
+    listed, whole = np.load(tmp_path / "listed.npy"), np.load(tmp_path / "feat.v2.npy")
+    assert listed.shape[0] == 2 and np.allclose(listed[1], whole[0], atol=1e-6)  # a.png, second in the list
+    folder = images.resolve()
+    assert (tmp_path / "listed.paths.txt").read_text() == f"{folder / 'b.png'}\n{folder / 'a.png'}\n"
     for folder in (str(tmp_path), f"{tmp_path / 'new'}/"):  # a folder, or a name ending in '/': no hidden '.npy'
         code, out, err = run(capsys, "embed", str(tiny_run), "--images", str(images), "--out", folder, "--quiet")
         example = tmp_path / ("new" if folder.endswith("/") else "") / "embeddings.npy"

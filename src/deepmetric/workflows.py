@@ -169,9 +169,37 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
     return title + "\n" + format_table(rows)
 
 
+LIST_SUFFIXES = (".txt", ".lst")
+"""A file of these endings given where images are asked lists them, one path a line."""
+
+
+def read_image_list(list_file: Path) -> list[Path]:
+    """The images a ``.txt`` / ``.lst`` file lists, one path a line relative to the list's folder (blank lines and
+    ``#`` comments ignored), each checked to be an image file; their folders' links resolved."""
+    folder = list_file.parent.resolve()
+    files = []
+    for number, line in enumerate(list_file.read_text().splitlines(), 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        named = folder / entry
+        file = named.parent.resolve() / named.name
+        if not file.is_file():
+            raise DataError(f"{list_file} line {number}: {entry} is not a file")
+        if file.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise DataError(f"{list_file} line {number}: {entry} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
+        files.append(file)
+    if not files:
+        raise DataError(f"{list_file} lists no image")
+    return files
+
+
 def list_images(path: str | Path) -> list[Path]:
-    """An image file, or every image below a folder (sorted)."""
+    """An image file, the images a ``.txt`` / ``.lst`` file lists (``read_image_list``), or every image below a
+    folder (sorted)."""
     path = Path(path)
+    if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
+        return read_image_list(path)
     if path.is_file():
         return [path]
     if not path.is_dir():

@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
     p.add_argument("run_dir")
-    p.add_argument("--images", required=True, help="an image file or a folder of images")
+    p.add_argument("--images", required=True,
+                   help="an image file, a folder of images, or a .txt file listing image paths (as index takes)")
     p.add_argument("--out", required=True,
                    help="the .npy file to write (the image paths go beside it: feat.npy, feat.paths.txt)")
     _add_run_options(p)
@@ -218,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "upsampled and overlaid (--images), and per group the images of a data set split with the "
                        "highest attention peak (--data). Works for every head that returns attention maps.")
     p.add_argument("run_dir")
-    p.add_argument("--images", help="an image file or a folder of images: writes OUT/<image>.png each")
+    p.add_argument("--images", help="an image file, a folder of images or a .txt file listing image paths: writes "
+                   "OUT/<image>.png each")
     p.add_argument("--data", nargs="?", const=True, metavar="SPEC",
                    help="a data set spec, or nothing for the run's own: writes OUT/top<K>-<split>.png")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split of --data (test)")

@@ -8,18 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.images import IMAGE_EXTENSIONS
-from ..errors import DataError, IndexStoreError
+from ..errors import IndexStoreError
 from ..evaluation import EmbedSettings, embed_table
 from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import files_table, list_images
+from ..workflows import LIST_SUFFIXES, files_table, list_images, read_image_list
 from . import faiss_index
 from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
-
-LIST_SUFFIXES = (".txt", ".lst")
 
 
 @dataclass
@@ -42,20 +39,7 @@ def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
     images = Path(images)
     if images.is_file() and images.suffix.lower() in LIST_SUFFIXES:
         folder = images.parent.resolve()
-        files = []
-        for number, line in enumerate(images.read_text().splitlines(), 1):
-            entry = line.strip()
-            if not entry or entry.startswith("#"):
-                continue
-            named = folder / entry
-            file = named.parent.resolve() / named.name
-            if not file.is_file():
-                raise DataError(f"{images} line {number}: {entry} is not a file")
-            if file.suffix.lower() not in IMAGE_EXTENSIONS:
-                raise DataError(f"{images} line {number}: {entry} is not an image ({', '.join(IMAGE_EXTENSIONS)})")
-            files.append(file)
-        if not files:
-            raise DataError(f"{images} lists no image")
+        files = read_image_list(images)
         inside = all(file.is_relative_to(folder) for file in files)
         return (folder if inside else Path(os.path.commonpath([file.parent for file in files]))), files
     found = list_images(images)
