@@ -22,6 +22,10 @@ class DataError(DeepMetricError):
     """A data set whose layout, table or images are not what the loader expects."""
 
 
+class MissingDataPath(DataError):
+    """A data spec's ``PATH`` that does not exist (``cub: no such folder: /data/CUB``)."""
+
+
 class CheckpointError(DeepMetricError):
     """A missing, foreign or unsafe checkpoint file."""
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..config import build_config, load_yaml, merge_layers, parse_override
-from ..errors import ConfigError, DataError, DeepMetricError
+from ..errors import ConfigError, DeepMetricError, MissingDataPath
 from ..io import to_json
 
 MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
@@ -97,11 +97,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
-    except DataError as error:
-        if ": no such " not in str(error):
-            raise
+    except MissingDataPath as error:
         name = config.data.spec.split(":", 1)[0]
-        raise DataError(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data set's "
+        raise MissingDataPath(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data set's "
                         "layout and download)") from None
     from ..training import train
     from ..workflows import add_regularizers, evaluate_run_embeddings, results_table

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, MissingDataPath
 from ..registry import Registry
 from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .download import manual_download
@@ -114,7 +114,7 @@ def check_data_path(spec: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
-        raise DataError(f"{name}: no such {kind}: {path}") from None
+        raise MissingDataPath(f"{name}: no such {kind}: {path}") from None
     except (OSError, ValueError) as error:  # a folder on the way that cannot be entered; a NUL in the path
         raise DataError(f"{name}: {path} cannot be read: {getattr(error, 'strerror', None) or error}") from None
     if kind == "folder" and not stat.S_ISDIR(mode):

@@ -14,7 +14,7 @@ from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import LIST_SUFFIXES, files_table, list_images, read_image_list
+from ..workflows import LIST_SUFFIXES, files_table, list_images
 from . import faiss_index
 from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
 
@@ -37,15 +37,14 @@ def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
     some lie outside it). Files are absolute, their folders' links resolved, so that an item's path below ``root``
     is the name it was found by."""
     images = Path(images)
-    if images.is_file() and images.suffix.lower() in LIST_SUFFIXES:
-        folder = images.parent.resolve()
-        files = read_image_list(images)
-        inside = all(file.is_relative_to(folder) for file in files)
-        return (folder if inside else Path(os.path.commonpath([file.parent for file in files]))), files
     found = list_images(images)
     if images.is_dir():
         root = images.resolve()
         return root, [root / file.relative_to(images) for file in found]
+    if images.suffix.lower() in LIST_SUFFIXES:  # a list (its files resolved by list_images)
+        folder = images.parent.resolve()
+        inside = all(file.is_relative_to(folder) for file in found)
+        return (folder if inside else Path(os.path.commonpath([file.parent for file in found]))), found
     file = images.parent.resolve() / images.name
     return file.parent, [file]
 
