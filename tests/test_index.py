@@ -123,6 +123,10 @@ def test_user_errors_are_one_line(tiny_run, tmp_path, capsys):
     assert not (tmp_path / "ivf").exists()
     code, _, err = run(capsys, "search", tmp_path / "g", "--image", tmp_path / "g" / "img000.png")
     assert code == 2 and "is not a deepmetric index" in err
+    for command in (["search", tiny_run, "--image", tmp_path / "g" / "img000.png"], ["serve", tiny_run]):
+        code, _, err = run(capsys, *command)  # the run where its index goes
+        assert code == 2 and (f"{tiny_run} is a training run, not an index: build an index from it with "
+                              f"deepmetric index {tiny_run} --images FOLDER --out INDEX") in err
     (tmp_path / "bad.txt").write_text("g/img000.png\nmissing.png\n")
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "bad.txt", "--out", tmp_path / "i2")
     assert code == 2 and "bad.txt line 2: missing.png is not a file" in err

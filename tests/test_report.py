@@ -49,6 +49,12 @@ def test_report_command_and_opt_out(tmp_path, capsys):
     assert main(["report", str(out), "--quiet"]) == 0
     assert str(out / "report.html") in capsys.readouterr().out
     _embedded_pngs((out / "report.html").read_text())
+    elsewhere = tmp_path / "pages" / "run.html"  # --out: anywhere, its folder made
+    assert main(["report", str(out), "--quiet", "--out", str(elsewhere)]) == 0
+    assert str(elsewhere) in capsys.readouterr().out
+    _embedded_pngs(elsewhere.read_text())
+    assert main(["report", str(out), "--quiet", "--out", str(tmp_path)]) == 2  # a folder: refused, named
+    assert f"{tmp_path} is a folder; give the file to write, e.g. {tmp_path / 'report.html'}" in capsys.readouterr().err
 
 
 def test_the_report_shows_every_embedding_once_evaluated(tmp_path, capsys):

@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report import build_report
 
-    say(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet)}")
+    say(f"wrote {build_report(args.run_dir, which=args.checkpoint, progress=not args.quiet, out=args.out)}")
     return 0
 
 

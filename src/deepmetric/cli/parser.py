@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "attention overlays (heads with attention), a t-SNE map of test embeddings, the config. "
                        "deepmetric train writes it after the test evaluation (eval.report=false turns that off).")
     p.add_argument("run_dir")
+    p.add_argument("--out", help="the HTML file to write (default RUN_DIR/report.html); the page is self-contained")
     _add_run_options(p, batch_size=False)
     p.set_defaults(func=commands.cmd_report)
 

@@ -26,7 +26,7 @@ from ..data import check_data_path
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
-from ..io import atomic_write_text
+from ..io import atomic_write_text, check_writable, refuse_folder
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import load_table, resolve_device
 from . import figures
@@ -148,10 +148,14 @@ def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test
 
 
 def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True,
-                 test_embeddings: np.ndarray | None = None) -> Path:
-    """Write ``RUN/report.html`` and return its path. ``test_embeddings``: the test split's embeddings by the
-    same checkpoint (from ``evaluate_run_embeddings``), which are then not computed again."""
+                 test_embeddings: np.ndarray | None = None, out: str | Path | None = None) -> Path:
+    """Write ``RUN/report.html`` (or ``out``) and return its path. ``test_embeddings``: the test split's
+    embeddings by the same checkpoint (from ``evaluate_run_embeddings``), which are then not computed again."""
     run = RunDir(run_dir)
+    path = run.path / "report.html" if out is None else Path(out)
+    if out is not None:
+        refuse_folder(out, "report.html")
+        check_writable(path)  # before the embedding work, not after it
     config = run.config()
     check_data_path(config.data.spec)  # a missing data folder, before the model
     device = resolve_device(config.train.device)
@@ -206,6 +210,5 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
                     + "</pre>")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>deepmetric report {_text(run.path.name)}"
             f"</title><style>{STYLE}</style></head><body>{''.join(sections)}</body></html>")
-    path = run.path / "report.html"
     atomic_write_text(path, page)
     return path
