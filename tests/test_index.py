@@ -60,6 +60,34 @@ def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, ca
     assert code == 0 and len(out.splitlines()) == 1 + 2
 
 
+def test_search_takes_several_queries_a_folder_or_a_list_and_embeds_them_all_before_printing(tiny_run, tmp_path,
+                                                                                           capsys):
+    files = make_gallery(tmp_path / "gallery", 4)
+    index = tmp_path / "index"
+    assert run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0
+    single = search_json(capsys, index, files[1], k=2)
+    listing = tmp_path / "gallery" / "queries.txt"
+    listing.write_text("jpegs/img002.jpg\n")
+    code, out, err = run(capsys, "search", index, "--image", files[1], tmp_path / "gallery", listing, "--k", 2,
+                         "--json", "--quiet")
+    assert code == 0 and err == "", err
+    lines = [json.loads(line) for line in out.splitlines()]  # JSON Lines: one object a query, in the order given
+    assert [line["query"] for line in lines] == [str(files[1])] + [str(f) for f in sorted(files)] + [
+        str(files[2].resolve())]
+    assert lines[0]["results"] == single  # the same as searching it alone
+    assert all(line["results"][0]["score"] == pytest.approx(1.0, abs=1e-4) for line in lines)
+
+    code, out, _ = run(capsys, "search", index, "--image", files[0], files[1], "--k", 1, "--quiet")
+    assert code == 0 and out.split("\n\n") == [  # each query's table under its name, a blank line between
+        f"query {files[0]}\nrank    score       id  name\n   1   1.0000        0  img000.png",
+        f"query {files[1]}\nrank    score       id  name\n   1   1.0000        1  img001.png\n"]
+
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    code, out, err = run(capsys, "search", index, "--image", files[0], broken, "--quiet")
+    assert code == 2 and out == "" and "broken.png" in err  # nothing printed before the bad query stopped it
+
+
 def test_add_appends_new_images_and_skips_known_ones(tiny_run, tmp_path, capsys):
     make_gallery(tmp_path / "a", 5)
     more = make_gallery(tmp_path / "b", 3, seed=1, start=5)

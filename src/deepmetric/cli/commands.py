@@ -202,12 +202,17 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from ..retrieval import Searcher
+    from ..workflows import list_images
 
+    queries = [file for given in args.image for file in list_images(given)]
     searcher = Searcher(args.index_dir)
-    hits = searcher.search_file(args.image, args.k)
-    if args.json:
-        say(to_json({"query": str(args.image), "results": [h.to_dict() for h in hits]}))
-    else:
+    for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
+                                               strict=True)):
+        if args.json:  # one object a line (JSON Lines): one line for one query
+            say(to_json({"query": str(query), "results": [h.to_dict() for h in hits]}))
+            continue
+        if len(queries) > 1:
+            say(("\n" if number else "") + f"query {query}")
         width = max(len(h.name) for h in hits)
         say(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
         for rank, hit in enumerate(hits, 1):

@@ -157,9 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
     p.add_argument("index_dir")
-    p.add_argument("--image", required=True, help="the query image")
+    p.add_argument("--image", required=True, nargs="+", metavar="IMAGE",
+                   help="the query image; or several, a folder (every image below it) or a .txt list of images, "
+                   "each query's results under a 'query PATH' line")
     p.add_argument("--k", "-k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: query, results [{id, name, score}]")
+    p.add_argument("--json", action="store_true", help="print one JSON object a query (one a line): query, "
+                   "results [{id, name, score}]")
+    p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")
     p.set_defaults(func=commands.cmd_search)
 
     p = sub.add_parser("serve", help="serve an index over HTTP: search page, POST /search, GET /images/{id}",

@@ -18,6 +18,7 @@ from ..config import RunConfig
 from ..data.images import read_image
 from ..data.transforms import TestTransform
 from ..errors import DeepMetricError, IndexStoreError
+from ..progress import progress_bar
 from ..training.run_dir import RunDir, model_from_checkpoint
 from .build import file_sha256
 from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
@@ -128,3 +129,9 @@ class Searcher(IndexSearcher):
 
     def search_file(self, path: str | Path, k: int = 10) -> list[Hit]:
         return self.search_image(read_image(path), k)
+
+    def search_files(self, paths: list[Path], k: int = 10, progress: bool = False) -> list[list[Hit]]:
+        """The hits of each query file, every query embedded (as ``search_file`` does) before any is searched, so
+        that an unreadable file stops the search before anything is printed."""
+        files = progress_bar(paths, desc="embedding queries", unit="image", disable=not progress or len(paths) < 2)
+        return self.search_vectors(np.stack([self.embed(read_image(path)) for path in files]), k)
