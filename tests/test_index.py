@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 
 import numpy as np
@@ -140,7 +141,10 @@ def test_user_errors_are_one_line(tiny_run, tmp_path, capsys):
     make_gallery(tmp_path / "g", 3)
     index = tmp_path / "index"
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "nothing", "--out", index)
-    assert code == 2 and "neither an image file nor a folder" in err
+    assert code == 2 and f"{tmp_path / 'nothing'} does not exist" in err
+    os.mkfifo(tmp_path / "pipe")  # there, but neither a file nor a folder (reading it would wait forever)
+    code, _, err = run(capsys, "search", tmp_path / "index", "--image", tmp_path / "pipe")
+    assert code == 2 and f"{tmp_path / 'pipe'} is neither an image file nor a folder" in err
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", index, "--add")
     assert code == 2 and "is not a deepmetric index" in err
     assert run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", index, "--quiet")[0] == 0

@@ -202,6 +202,8 @@ def list_images(path: str | Path) -> list[Path]:
         return read_image_list(path)
     if path.is_file():
         return [path]
+    if not path.exists():
+        raise DataError(f"{path} does not exist")
     if not path.is_dir():
         raise DataError(f"{path} is neither an image file nor a folder")
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
