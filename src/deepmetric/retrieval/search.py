@@ -128,7 +128,7 @@ class Searcher(IndexSearcher):
         return self.search_vectors(self.embed(image)[None], k)[0]
 
     def search_file(self, path: str | Path, k: int = 10) -> list[Hit]:
-        return self.search_image(read_image(path), k)
+        return self.search_files([Path(path)], k)[0]
 
     def search_files(self, paths: list[Path], k: int = 10, progress: bool = False) -> list[list[Hit]]:
         """The hits of each query file, every query embedded (as ``search_file`` does) before any is searched, so
