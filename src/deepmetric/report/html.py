@@ -152,9 +152,11 @@ def build_report(run_dir: str | Path, which: str = "auto", progress: bool = True
     """Write ``RUN/report.html`` (or ``out``) and return its path. ``test_embeddings``: the test split's
     embeddings by the same checkpoint (from ``evaluate_run_embeddings``), which are then not computed again."""
     run = RunDir(run_dir)
-    path = run.path / "report.html" if out is None else Path(out)
-    if out is not None:
+    if out is None:
+        path = run.path / "report.html"
+    else:
         refuse_folder(out, "report.html")
+        path = Path(out)
         check_writable(path)  # before the embedding work, not after it
     config = run.config()
     check_data_path(config.data.spec)  # a missing data folder, before the model
