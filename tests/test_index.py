@@ -89,6 +89,38 @@ def test_search_takes_several_queries_a_folder_or_a_list_and_embeds_them_all_bef
     assert code == 2 and out == "" and "broken.png" in err  # nothing printed before the bad query stopped it
 
 
+def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(tiny_run, tmp_path, capsys):
+    shop_a = make_gallery(tmp_path / "shops" / "a", 3)
+    shop_b = make_gallery(tmp_path / "shops" / "b", 2, seed=1, start=3)
+    index = tmp_path / "index"
+    code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "shops" / "b",
+                         shop_a[0], "--out", index, "--quiet")
+    assert code == 0, err
+    assert "indexed 5 images (1 given more than once, indexed once)" in out and "holds 5 images" in out
+    manifest = read_manifest(index)
+    assert manifest.sources == [str((tmp_path / "shops").resolve())]  # the folder holding both galleries
+    names = [item["path"] for item in json.loads((index / "index.json").read_text())["items"]]
+    assert names == [f.relative_to(tmp_path / "shops").as_posix() for f in sorted(shop_a) + sorted(shop_b)]
+    for item_id, file in enumerate(sorted(shop_a) + sorted(shop_b)):
+        assert manifest.image_path(item_id) == file.resolve()
+        assert search_json(capsys, index, file, k=1)[0]["id"] == item_id
+
+    out_file = tmp_path / "feats.npy"
+    code, out, err = run(capsys, "embed", tiny_run, "--images", tmp_path / "shops" / "b", shop_a[0], "--out",
+                         out_file, "--quiet")
+    assert code == 0, err
+    assert "wrote 3 embeddings" in out
+    listed = (tmp_path / "feats.paths.txt").read_text().splitlines()
+    assert listed == [str(f) for f in sorted(shop_b)] + [str(shop_a[0])]  # one row each, in the order given
+    alone = tmp_path / "alone.npy"
+    assert run(capsys, "embed", tiny_run, "--images", shop_a[0], "--out", alone, "--quiet")[0] == 0
+    np.testing.assert_allclose(np.load(out_file)[2], np.load(alone)[0], atol=1e-5)
+
+    code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "nowhere",
+                         "--out", tmp_path / "index2", "--quiet")
+    assert code == 2 and "nowhere does not exist" in err and not (tmp_path / "index2").exists()
+
+
 def test_add_appends_new_images_and_skips_known_ones(tiny_run, tmp_path, capsys):
     make_gallery(tmp_path / "a", 5)
     more = make_gallery(tmp_path / "b", 3, seed=1, start=5)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,17 +225,21 @@ def files_table(name: str, files: list[Path]) -> RetrievalTable:
                             is_gallery=np.ones(count, bool))
 
 
-def embed_images(run_dir: str | Path, images: str | Path, out: str | Path, which: str = "auto",
+def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path, which: str = "auto",
                  batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
-    """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``."""
+    """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``.
+    ``images`` is what ``list_images`` takes, or several of these (their images in the order given, one row each)."""
     config: RunConfig = RunDir(run_dir).config()
     refuse_folder(out, "embeddings.npy")
     out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    files = list_images(images)
-    table = files_table(str(images), files)
+    givens = [images] if isinstance(images, str | os.PathLike) else list(images)
+    if not givens:
+        raise DataError("no images given: name a folder, an image or a .txt list")
+    files = [file for given in givens for file in list_images(given)]
+    table = files_table(" ".join(map(str, givens)), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))
     buffer = io.BytesIO()
     np.save(buffer, embeddings.astype(np.float32), allow_pickle=False)

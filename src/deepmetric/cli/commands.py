@@ -195,6 +195,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                           add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
                           batch_size=args.batch_size, progress=not args.quiet)
     skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
+    if result.repeated:
+        skipped += f" ({result.repeated} given more than once, indexed once)"
     say(f"{'added' if args.add else 'indexed'} {result.added} images{skipped}; {result.index_dir} now holds "
           f"{result.count} images ({result.kind} index)")
     return 0

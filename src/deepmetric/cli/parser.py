@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
     p.add_argument("run_dir")
-    p.add_argument("--images", required=True,
-                   help="an image file, a folder of images, or a .txt file listing image paths (as index takes)")
+    p.add_argument("--images", required=True, nargs="+", metavar="IMAGES",
+                   help="an image file, a folder of images, or a .txt file listing image paths (as index takes); or "
+                   "several, one row each in the order given")
     p.add_argument("--out", required=True,
                    help="the .npy file to write (the image paths go beside it: feat.npy, feat.paths.txt)")
     _add_run_options(p)
@@ -145,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "and write INDEX_DIR: index.json (ids, paths, model), embeddings (safetensors) and a faiss "
                        "index, atomically. Exact inner-product search by default; --ivf-pq for large galleries.")
     p.add_argument("run_dir")
-    p.add_argument("--images", required=True, help="a folder of images, an image, or a .txt file listing image paths")
+    p.add_argument("--images", required=True, nargs="+", metavar="IMAGES",
+                   help="a folder of images, an image, or a .txt file listing image paths; or several (an image "
+                   "given twice is indexed once; names are paths below the folder that holds them all)")
     p.add_argument("--out", required=True, help="index folder to create (or to extend with --add)")
     p.add_argument("--add", action="store_true", help="append the images to the existing index in --out (same model)")
     p.add_argument("--ivf-pq", action="store_true", help="approximate IVF-PQ index (at least 1,000 images)")
@@ -160,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", required=True, nargs="+", metavar="IMAGE",
                    help="the query image; or several, a folder (every image below it) or a .txt list of images, "
                    "each query's results under a 'query PATH' line")
-    p.add_argument("--k", "-k", type=POSITIVE_INT, default=10, help="number of results (default 10)")
+    p.add_argument("--k", "-k", type=POSITIVE_INT, default=10,
+                   help="number of results (default 10; every item when the index holds fewer)")
     p.add_argument("--json", action="store_true", help="print one JSON object a query (one a line): query, "
                    "results [{id, name, score}]")
     p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")

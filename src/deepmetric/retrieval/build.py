@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IndexStoreError
+from ..errors import DataError, IndexStoreError
 from ..evaluation import EmbedSettings, embed_table
 from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
@@ -21,22 +22,31 @@ from .store import IndexManifest, append_to_index, create_index, locked, read_ma
 
 @dataclass
 class IndexResult:
-    """What ``index_images`` did: the index folder, images added, images skipped as already indexed, total."""
+    """What ``index_images`` did: the index folder, images added, images skipped as already indexed, total, and
+    images given more than once (indexed once)."""
 
     index_dir: Path
     added: int
     skipped: int
     count: int
     kind: str
+    repeated: int = 0
 
 
-def gallery_files(images: str | Path) -> tuple[Path, list[Path]]:
+def gallery_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[Path, list[Path]]:
     """``(root, files)``: a folder (every image below it), one image, or a text file listing one path a line
-    (relative to the list's folder; blank lines and ``#`` comments ignored). ``root`` is the gallery folder, which
-    holds every file: the folder, the image's folder, or the list's folder (the folder holding all its files when
-    some lie outside it). Files are absolute, their folders' links resolved, so that an item's path below ``root``
-    is the name it was found by."""
-    images = Path(images)
+    (relative to the list's folder; blank lines and ``#`` comments ignored); or several of these, their files in
+    the order given. ``root`` is the gallery folder, which holds every file: the folder, the image's folder, or the
+    list's folder (the folder holding all its files when some lie outside it); for several, the folder holding all
+    their files. Files are absolute, their folders' links resolved, so that an item's path below ``root`` is the
+    name it was found by."""
+    givens = [images] if isinstance(images, str | os.PathLike) else list(images)
+    if not givens:
+        raise DataError("no images given: name a folder, an image or a .txt list")
+    if len(givens) > 1:
+        files = [file for given in givens for file in gallery_files(given)[1]]
+        return Path(os.path.commonpath([file.parent for file in files])), files
+    images = Path(givens[0])
     found = list_images(images)
     if images.is_dir():
         root = images.resolve()
@@ -61,6 +71,18 @@ def same_file_key(path: Path, folders: dict[str, str]) -> str:
     if folder not in folders:
         folders[folder] = os.path.realpath(folder)
     return os.path.join(folders[folder], path.name)
+
+
+def first_of_each(files: list[Path], folders: dict[str, str]) -> list[Path]:
+    """``files`` without the repeats of a file (``same_file_key``), each kept where it first appears."""
+    seen: set[str] = set()
+    kept = []
+    for file in files:
+        key = same_file_key(file, folders)
+        if key not in seen:
+            seen.add(key)
+            kept.append(file)
+    return kept
 
 
 def file_sha256(path: Path) -> str:
@@ -100,10 +122,11 @@ def check_same_model(manifest: IndexManifest, model: dict[str, Any], index_dir: 
                               "separate index for it")
 
 
-def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind: str = "flat", add: bool = False,
-                 nlist: int | None = None, pq_m: int | None = None, which: str = "auto",
+def index_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path, kind: str = "flat",
+                 add: bool = False, nlist: int | None = None, pq_m: int | None = None, which: str = "auto",
                  batch_size: int | None = None, progress: bool = True) -> IndexResult:
-    """Embed the gallery ``images`` with the run's model and write the index ``out`` (or append with ``add``)."""
+    """Embed the gallery ``images`` (one or several, as ``gallery_files`` takes them) with the run's model and write
+    the index ``out`` (or append with ``add``). A file given twice (a folder and an image in it) is indexed once."""
     out = Path(out)
     faiss_index.faiss_module()  # fail before embedding when faiss is missing
     config = RunDir(run_dir).config()
@@ -116,21 +139,22 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
     elif (out / "index.json").exists():
         raise IndexStoreError(f"{out} already holds an index; add images to it with --add, or choose another --out")
     check_writable(out.parent / f".{out.name}" if not add else out / "index.json")  # before the embedding work
-    root, files = gallery_files(images)
-    skipped = 0
+    root, given = gallery_files(images)
+    folders: dict[str, str] = {}
+    files = first_of_each(given, folders)
+    repeated, skipped = len(given) - len(files), 0
     if manifest is not None:
-        folders: dict[str, str] = {}
         known = {same_file_key(p, folders) for i in range(manifest.count) if (p := manifest.image_path(i)) is not None}
         fresh = [f for f in files if same_file_key(f, folders) not in known]
         skipped = len(files) - len(fresh)
         files = fresh
         if not files:
-            return IndexResult(out, 0, skipped, manifest.count, manifest.kind)
+            return IndexResult(out, 0, skipped, manifest.count, manifest.kind, repeated)
     elif kind == "ivf-pq" and len(files) < faiss_index.MIN_IVF_PQ_IMAGES:
         faiss_index.ivf_pq_params(len(files), int(model_info["spec"]["embedding_dim"]))  # raises, naming the count
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    table = files_table(str(images), files)
+    table = files_table(str(root), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size),
                              desc="indexing")
     if manifest is None:
@@ -140,7 +164,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
         manifest = IndexManifest(kind=kind, model=model_info, embedding_dim=embeddings.shape[1], items=items,
                                  sources=[str(root)], ivf_pq=params.to_dict() if params else None)
         create_index(out, manifest, embeddings, index)
-        return IndexResult(out, len(files), 0, manifest.count, kind)
+        return IndexResult(out, len(files), 0, manifest.count, kind, repeated)
     with locked(out):
         current = read_manifest(out, model=True)
         check_same_model(current, model_info, out)
@@ -150,7 +174,7 @@ def index_images(run_dir: str | Path, images: str | Path, out: str | Path, kind:
         source = sources.index(str(root))
         new_items = [relative_item(f, root, source) for f in files]
         updated = append_to_index(out, current, embeddings, new_items, sources, model_info)
-    return IndexResult(out, len(files), skipped, updated.count, updated.kind)
+    return IndexResult(out, len(files), skipped, updated.count, updated.kind, repeated)
 
 
 def index_size_bytes(index_dir: str | Path) -> int:
