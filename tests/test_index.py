@@ -78,7 +78,7 @@ def test_search_takes_several_queries_a_folder_or_a_list_and_embeds_them_all_bef
     assert lines[0]["results"] == single  # the same as searching it alone
     assert all(line["results"][0]["score"] == pytest.approx(1.0, abs=1e-4) for line in lines)
 
-    code, out, _ = run(capsys, "search", index, "--image", files[0], files[1], "--k", 1, "--quiet")
+    code, out, _ = run(capsys, "search", index, "--image", files[0], "--image", files[1], "--k", 1, "--quiet")
     assert code == 0 and out.split("\n\n") == [  # each query's table under its name, a blank line between
         f"query {files[0]}\nrank    score       id  name\n   1   1.0000        0  img000.png",
         f"query {files[1]}\nrank    score       id  name\n   1   1.0000        1  img001.png\n"]
@@ -94,7 +94,7 @@ def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(
     shop_b = make_gallery(tmp_path / "shops" / "b", 2, seed=1, start=3)
     index = tmp_path / "index"
     code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "shops" / "b",
-                         shop_a[0], "--out", index, "--quiet")
+                         "--images", shop_a[0], "--out", index, "--quiet")  # a repeated flag adds, not replaces
     assert code == 0, err
     assert "indexed 5 images (1 given more than once, indexed once)" in out and "holds 5 images" in out
     manifest = read_manifest(index)
@@ -106,8 +106,8 @@ def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(
         assert search_json(capsys, index, file, k=1)[0]["id"] == item_id
 
     out_file = tmp_path / "feats.npy"
-    code, out, err = run(capsys, "embed", tiny_run, "--images", tmp_path / "shops" / "b", shop_a[0], "--out",
-                         out_file, "--quiet")
+    code, out, err = run(capsys, "embed", tiny_run, "--images", tmp_path / "shops" / "b", "--images", shop_a[0],
+                         "--out", out_file, "--quiet")
     assert code == 0, err
     assert "wrote 3 embeddings" in out
     listed = (tmp_path / "feats.paths.txt").read_text().splitlines()

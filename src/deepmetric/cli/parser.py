@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
     p.add_argument("run_dir")
-    p.add_argument("--images", required=True, nargs="+", metavar="IMAGES",
+    p.add_argument("--images", required=True, nargs="+", action="extend", metavar="IMAGES",
                    help="an image file, a folder of images, or a .txt file listing image paths (as index takes); or "
                    "several, one row each in the order given")
     p.add_argument("--out", required=True,
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and write INDEX_DIR: index.json (ids, paths, model), embeddings (safetensors) and a faiss "
                        "index, atomically. Exact inner-product search by default; --ivf-pq for large galleries.")
     p.add_argument("run_dir")
-    p.add_argument("--images", required=True, nargs="+", metavar="IMAGES",
+    p.add_argument("--images", required=True, nargs="+", action="extend", metavar="IMAGES",
                    help="a folder of images, an image, or a .txt file listing image paths; or several (an image "
                    "given twice is indexed once; names are paths below the folder that holds them all)")
     p.add_argument("--out", required=True, help="index folder to create (or to extend with --add)")
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
     p.add_argument("index_dir")
-    p.add_argument("--image", required=True, nargs="+", metavar="IMAGE",
+    p.add_argument("--image", required=True, nargs="+", action="extend", metavar="IMAGE",
                    help="the query image; or several, a folder (every image below it) or a .txt list of images, "
                    "each query's results under a 'query PATH' line")
     p.add_argument("--k", "-k", type=POSITIVE_INT, default=10,
