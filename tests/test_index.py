@@ -83,6 +83,13 @@ def test_search_takes_several_queries_a_folder_or_a_list_and_embeds_them_all_bef
         f"query {files[0]}\nrank    score       id  name\n   1   1.0000        0  img000.png",
         f"query {files[1]}\nrank    score       id  name\n   1   1.0000        1  img001.png\n"]
 
+    first = run(capsys, "search", index, "--image", files[0], "--k", 1)
+    assert run(capsys, "search", "--image", files[0], index, "--k", 1) == first  # the index after the image, too
+    with pytest.raises(SystemExit) as stopped:  # argparse's own message, status 2
+        run(capsys, "search", "--image", files[0], "--k", 1)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == "" and "the following arguments are required: index_dir" in err
+
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not a png")
     code, out, err = run(capsys, "search", index, "--image", files[0], broken, "--quiet")
@@ -115,6 +122,10 @@ def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(
     alone = tmp_path / "alone.npy"
     assert run(capsys, "embed", tiny_run, "--images", shop_a[0], "--out", alone, "--quiet")[0] == 0
     np.testing.assert_allclose(np.load(out_file)[2], np.load(alone)[0], atol=1e-5)
+
+    code, out, err = run(capsys, "index", "--images", tmp_path / "shops" / "b", tiny_run, "--out", tmp_path / "b.index",
+                         "--quiet")  # the run after the images, as before --images took several
+    assert code == 0 and "indexed 2 images" in out, err
 
     code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "nowhere",
                          "--out", tmp_path / "index2", "--quiet")

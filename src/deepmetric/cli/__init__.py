@@ -11,7 +11,7 @@ import sys
 
 from ..errors import DeepMetricError, TrainingInterrupted
 from .commands import printable
-from .parser import build_parser
+from .parser import build_parser, take_trailing_positional
 
 __all__ = ["build_parser", "main"]
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {printable(' '.join(stray))}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    take_trailing_positional(args)
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(PrintableFormatter("%(message)s"))  # log lines quote file names: escape what they hold

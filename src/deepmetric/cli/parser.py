@@ -39,6 +39,27 @@ def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> Non
     p.add_argument("--quiet", action="store_true")
 
 
+def _allow_positional_after_list(p: argparse.ArgumentParser, positional: str, listed: str) -> None:
+    """Let ``p``'s one positional (declared ``nargs="?"``) also come after its list option, as it could before that
+    option took several values: ``index --images photos/ RUN`` gave argparse's "required: run_dir", since ``+`` took
+    RUN as an image. ``take_trailing_positional`` moves the list's last value to the positional when it is missing;
+    the usage line shows it required, as it is. Call once ``p``'s arguments are all added."""
+    p.set_defaults(positional_after_list=(positional, listed, p))
+    p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace(f"[{positional}]", positional)
+
+
+def take_trailing_positional(args: argparse.Namespace) -> None:
+    """The positional of a command set up by ``_allow_positional_after_list``: given, or the list's last value when
+    the list holds two or more; otherwise argparse's own error (exit status 2)."""
+    positional, listed, command = getattr(args, "positional_after_list", (None, None, None))
+    if positional is None or getattr(args, positional) is not None:
+        return
+    values = getattr(args, listed)
+    if len(values) < 2:
+        command.error(f"the following arguments are required: {positional}")
+    setattr(args, positional, values.pop())
+
+
 # The plug-ins' names as --help lists them, written out so that --help imports no torch; tests/test_cli.py checks that
 # they name every registered data set, backbone, head, loss, regulariser and generator.
 DATA_HELP = ("glyphs", "fashion-mnist", "digits", "emoji", "emoji-skin", "emoji:PATH", "folder:PATH", "csv:PATH",
@@ -103,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.cmd_evaluate)
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?")
     p.add_argument("--images", required=True, nargs="+", action="extend", metavar="IMAGES",
                    help="an image file, a folder of images, or a .txt file listing image paths (as index takes); or "
                    "several, one row each in the order given")
@@ -111,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the .npy file to write (the image paths go beside it: feat.npy, feat.paths.txt)")
     _add_run_options(p)
     p.set_defaults(func=commands.cmd_embed)
+    _allow_positional_after_list(p, "run_dir", "images")
 
     p = sub.add_parser("presets", help="list the presets that ship with deepmetric and the paper table each "
                        "reproduces", description="List the run configs that ship inside the package (use one with "
@@ -145,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Embed every image of a gallery (a folder, one image, or a .txt list of paths) "
                        "and write INDEX_DIR: index.json (ids, paths, model), embeddings (safetensors) and a faiss "
                        "index, atomically. Exact inner-product search by default; --ivf-pq for large galleries.")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?")
     p.add_argument("--images", required=True, nargs="+", action="extend", metavar="IMAGES",
                    help="a folder of images, an image, or a .txt file listing image paths; or several (an image "
                    "given twice is indexed once; names are paths below the folder that holds them all)")
@@ -157,9 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
     _add_run_options(p)
     p.set_defaults(func=commands.cmd_index)
+    _allow_positional_after_list(p, "run_dir", "images")
 
     p = sub.add_parser("search", help="print the gallery images of an index nearest to a query image")
-    p.add_argument("index_dir")
+    p.add_argument("index_dir", nargs="?")
     p.add_argument("--image", required=True, nargs="+", action="extend", metavar="IMAGE",
                    help="the query image; or several, a folder (every image below it) or a .txt list of images, "
                    "each query's results under a 'query PATH' line")
@@ -169,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "results [{id, name, score}]")
     p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")
     p.set_defaults(func=commands.cmd_search)
+    _allow_positional_after_list(p, "index_dir", "image")
 
     p = sub.add_parser("serve", help="serve an index over HTTP: search page, POST /search, GET /images/{id}",
                        description="Serve INDEX_DIR with FastAPI + uvicorn: GET / (search page), GET /health, "
