@@ -195,6 +195,14 @@ def read_image_list(list_file: Path) -> list[Path]:
     return files
 
 
+def image_sources(images: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """``images`` as a list of what ``list_images`` takes: one path (a folder, an image or a list), or several."""
+    givens = [images] if isinstance(images, str | os.PathLike) else list(images)
+    if not givens:
+        raise DataError("no images given: name a folder, an image or a .txt list")
+    return givens
+
+
 def list_images(path: str | Path) -> list[Path]:
     """An image file, the images a ``.txt`` / ``.lst`` file lists (``read_image_list``), or every image below a
     folder (sorted)."""
@@ -235,9 +243,7 @@ def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path],
     check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    givens = [images] if isinstance(images, str | os.PathLike) else list(images)
-    if not givens:
-        raise DataError("no images given: name a folder, an image or a .txt list")
+    givens = image_sources(images)
     files = [file for given in givens for file in list_images(given)]
     table = files_table(" ".join(map(str, givens)), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))

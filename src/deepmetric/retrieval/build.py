@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, IndexStoreError
+from ..errors import IndexStoreError
 from ..evaluation import EmbedSettings, embed_table
 from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import LIST_SUFFIXES, files_table, list_images
+from ..workflows import LIST_SUFFIXES, files_table, image_sources, list_images
 from . import faiss_index
 from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
 
@@ -40,9 +40,7 @@ def gallery_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tu
     list's folder (the folder holding all its files when some lie outside it); for several, the folder holding all
     their files. Files are absolute, their folders' links resolved, so that an item's path below ``root`` is the
     name it was found by."""
-    givens = [images] if isinstance(images, str | os.PathLike) else list(images)
-    if not givens:
-        raise DataError("no images given: name a folder, an image or a .txt list")
+    givens = image_sources(images)
     if len(givens) > 1:
         files = [file for given in givens for file in gallery_files(given)[1]]
         return Path(os.path.commonpath([file.parent for file in files])), files
