@@ -225,6 +225,11 @@ def list_images(path: str | Path) -> list[Path]:
     return files
 
 
+def list_images_of(images: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The images of each path in ``images`` (``image_sources``), as ``list_images`` finds them, in the order given."""
+    return [file for given in image_sources(images) for file in list_images(given)]
+
+
 def files_table(name: str, files: list[Path]) -> RetrievalTable:
     """A table of unlabelled image files (label 0, split ``test``), to run a model over them."""
     count = len(files)
@@ -243,9 +248,8 @@ def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path],
     check_writable(out)  # before the embedding work, not after it
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    givens = image_sources(images)
-    files = [file for given in givens for file in list_images(given)]
-    table = files_table(" ".join(map(str, givens)), files)
+    files = list_images_of(images)
+    table = files_table(" ".join(map(str, image_sources(images))), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))
     buffer = io.BytesIO()
     np.save(buffer, embeddings.astype(np.float32), allow_pickle=False)

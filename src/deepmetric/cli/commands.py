@@ -204,9 +204,9 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from ..retrieval import Searcher
-    from ..workflows import list_images
+    from ..workflows import list_images_of
 
-    queries = [file for given in args.image for file in list_images(given)]
+    queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)
     for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
                                                strict=True)):
