@@ -178,3 +178,24 @@ def test_names_with_dollars_draw_as_text_and_every_image_gets_its_own_overlay(tm
     axes.set_title("variant $x^$")
     assert figure_png(figure).startswith(b"\x89PNG")
     assert recall_curve({"$run$": {"recall@1": 0.5, "recall@2": 0.6, "recall@4": 0.7}}).startswith(b"\x89PNG")
+
+
+def test_explain_takes_several_images_and_the_run_after_them(tmp_path, image_folder, capsys):
+    """As index and embed: several --images (repeats drawn once, names below the folder holding them all), the
+    run's folder before or after the list, and the missing run still argparse's own error."""
+    run_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--head", "dgml", "--out", run_dir)[0] == 0
+    out = tmp_path / "explain"
+    code, printed, err = run(capsys, "explain", "--images", image_folder / "sub", image_folder / "a.png",
+                             image_folder / "sub" / "a.png", run_dir, "--out", out, "--quiet")
+    assert code == 0, err
+    assert "wrote 2 attention overlays" in printed
+    assert set(png_sizes(out)) == {"a.png", "sub__a.png"}
+    out_flags = tmp_path / "flags"
+    code, printed, err = run(capsys, "explain", run_dir, "--images", image_folder / "b.jpg", "--images",
+                             image_folder / "sub", "--out", out_flags, "--quiet")
+    assert code == 0, err
+    assert set(png_sizes(out_flags)) == {"b.png", "sub__a.png"}
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain", "--images", str(image_folder), "--out", str(out)])
+    assert stopped.value.code == 2 and "required: run_dir" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def take_trailing_positional(args: argparse.Namespace) -> None:
     positional, listed, command = getattr(args, "positional_after_list", (None, None, None))
     if positional is None or getattr(args, positional) is not None:
         return
-    values = getattr(args, listed)
+    values = getattr(args, listed) or []  # explain's --images is optional
     if len(values) < 2:
         command.error(f"the following arguments are required: {positional}")
     setattr(args, positional, values.pop())
@@ -251,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Draw what a run's head attends to: per image, every group's attention map "
                        "upsampled and overlaid (--images), and per group the images of a data set split with the "
                        "highest attention peak (--data). Works for every head that returns attention maps.")
-    p.add_argument("run_dir")
-    p.add_argument("--images", help="an image file, a folder of images or a .txt file listing image paths: writes "
-                   "OUT/<image>.png each")
+    p.add_argument("run_dir", nargs="?")
+    p.add_argument("--images", nargs="+", action="extend", metavar="IMAGES",
+                   help="an image file, a folder of images or a .txt file listing image paths, or several: writes "
+                   "OUT/<image>.png each (for several, named by the path below the folder holding them all; an "
+                   "image given twice is drawn once)")
     p.add_argument("--data", nargs="?", const=True, metavar="SPEC",
                    help="a data set spec, or nothing for the run's own: writes OUT/top<K>-<split>.png")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split of --data (test)")
@@ -261,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     _add_run_options(p)
     p.set_defaults(func=commands.cmd_explain)
+    _allow_positional_after_list(p, "run_dir", "images")
 
     p = sub.add_parser("metrics", help="Recall@K, MAP@R, R-precision and NMI of precomputed embeddings")
     p.add_argument("embeddings", help="(N, D) .npy of query embeddings")

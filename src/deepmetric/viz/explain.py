@@ -13,7 +13,8 @@ stops with one message before anything is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from ..models import Embedder
 from ..progress import progress_bar
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import files_table, list_images
+from ..workflows import files_table, image_sources, list_images_of
 from .overlays import image_overlays, top_images_grid
 
 
@@ -80,13 +81,25 @@ def output_names(files: list[Path], root: Path) -> list[str]:
     return names
 
 
-def explain_images(run_dir: str | Path, images: str | Path, out: str | Path, which: str = "auto",
-                   batch_size: int | None = None, progress: bool = True) -> list[Path]:
-    """Write ``OUT/<image>.png`` per image: the input and each group's upsampled attention over it."""
+def overlay_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[Path, list[Path]]:
+    """``(root, files)``: the images of ``images`` (one path ``list_images`` takes, or several) and the folder their
+    overlays are named below (``output_names``): the path given, or for several the folder holding all their
+    images, whose files are then absolute and each drawn once (an image given twice would write two overlays)."""
+    sources = image_sources(images)
+    files = list_images_of(sources)
+    if len(sources) == 1:
+        return Path(sources[0]), files
+    files = list(dict.fromkeys(Path(os.path.abspath(file)) for file in files))
+    return Path(os.path.commonpath([file.parent for file in files])), files
+
+
+def explain_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path,
+                   which: str = "auto", batch_size: int | None = None, progress: bool = True) -> list[Path]:
+    """Write ``OUT/<image>.png`` per image: the input and each group's upsampled attention over it. ``images`` is
+    an image, a folder or a ``.txt`` list, or several of these (``overlay_files``)."""
     model, config, device = _load(run_dir, which)
-    root = Path(images)
-    files = list_images(root)
-    table = files_table(str(root), files)
+    root, files = overlay_files(images)
+    table = files_table(" ".join(map(str, image_sources(images))), files)
     out = Path(out)
     names = output_names(files, root)
     written = []
