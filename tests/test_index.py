@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 
@@ -29,7 +30,7 @@ def search_json(capsys, index, image, k=3):
     return json.loads(out)["results"]
 
 
-def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, capsys):
+def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, capsys, caplog):
     files = make_gallery(tmp_path / "gallery", 8)
     index = tmp_path / "index"
     code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")
@@ -54,9 +55,11 @@ def test_index_then_search_finds_each_gallery_image_first(tiny_run, tmp_path, ca
         assert hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
         assert len(hits) == 3 and hits[0]["score"] >= hits[1]["score"] >= hits[2]["score"]
 
+    caplog.set_level(logging.INFO, logger="deepmetric")
     code, out, _ = run(capsys, "search", index, "--image", files[0], "--k", 100)
     assert code == 0 and out.splitlines()[0].split() == ["rank", "score", "id", "name"]
-    assert len(out.splitlines()) == 1 + 8  # k is capped at the index size
+    assert len(out.splitlines()) == 1 + 8  # k is capped at the index size, and the log says so
+    assert "the index holds 8 items: printing all of them (--k 100)" in caplog.text
     code, out, _ = run(capsys, "search", index, "--image", files[0], "-k", 2)  # the short form a user types
     assert code == 0 and len(out.splitlines()) == 1 + 2
 

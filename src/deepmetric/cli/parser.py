@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the query image; or several, a folder (every image below it) or a .txt list of images, "
                    "each query's results under a 'query PATH' line")
     p.add_argument("--k", "-k", type=POSITIVE_INT, default=10,
-                   help="number of results (default 10; every item when the index holds fewer)")
+                   help="number of results (default 10; every item when the index holds fewer, with a note on stderr)")
     p.add_argument("--json", action="store_true", help="print one JSON object a query (one a line): query, "
                    "results [{id, name, score}]")
     p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")
