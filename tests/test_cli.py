@@ -123,7 +123,7 @@ def test_train_says_which_flag_takes_a_preset_a_study_a_run_or_a_data_folder(tmp
 def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     """``--help`` imports no torch, and neither ``metrics`` of precomputed embeddings nor a ``train`` stopped by a
     bad setting imports torchvision (the data pipeline and the models): each costs seconds of start-up on a small
-    machine."""
+    machine. A run or index folder that is not one stops every command that reads it before torch is imported."""
     import subprocess
     import sys
 
@@ -141,6 +141,11 @@ def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     assert loaded("--help") == "loaded:"
     assert loaded("metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--no-nmi") == "loaded: torch"
     assert loaded("train", "--data", "glyphs", "loss.name=binomal") == "loaded: torch"
+    missing = str(tmp_path / "typo")  # a mistyped run or index folder is named before any model code loads
+    for command in (["report", missing], ["evaluate", missing], ["export", missing, "--out", "m.onnx"],
+                    ["embed", missing, "--images", missing, "--out", "e.npy"], ["search", missing, "--image", "q.png"],
+                    ["serve", missing], ["index", str(tmp_path), "--images", missing, "--out", "i"]):
+        assert loaded(*command) == "loaded:", command
 
 
 def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_full_disk_leaves(tmp_path, capsys):

@@ -188,12 +188,14 @@ def test_user_errors_are_one_line(tiny_run, tmp_path, capsys):
     index = tmp_path / "index"
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "nothing", "--out", index)
     assert code == 2 and f"{tmp_path / 'nothing'} does not exist" in err
-    os.mkfifo(tmp_path / "pipe")  # there, but neither a file nor a folder (reading it would wait forever)
-    code, _, err = run(capsys, "search", tmp_path / "index", "--image", tmp_path / "pipe")
-    assert code == 2 and f"{tmp_path / 'pipe'} is neither an image file nor a folder" in err
+    code, _, err = run(capsys, "search", index, "--image", tmp_path / "g" / "img000.png")
+    assert code == 2 and "is not a deepmetric index: it does not exist" in err  # named before the query is read
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", index, "--add")
     assert code == 2 and "is not a deepmetric index" in err
     assert run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", index, "--quiet")[0] == 0
+    os.mkfifo(tmp_path / "pipe")  # there, but neither a file nor a folder (reading it would wait forever)
+    code, _, err = run(capsys, "search", index, "--image", tmp_path / "pipe")
+    assert code == 2 and f"{tmp_path / 'pipe'} is neither an image file nor a folder" in err
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", index)
     assert code == 2 and "already holds an index; add images to it with --add" in err
     code, _, err = run(capsys, "index", tiny_run, "--images", tmp_path / "g", "--out", tmp_path / "ivf", "--ivf-pq")

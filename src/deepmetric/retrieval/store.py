@@ -50,12 +50,12 @@ from safetensors.numpy import save as save_safetensors
 
 from ..data.resizing import TEST_RESIZE_MODES
 from ..errors import IndexStoreError
+from ..folders import INDEX_MANIFEST, check_index_dir
 from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, open_in_place, temporary_folder
-from ..training.run_dir import RunDir
 from . import faiss_index
 
 FORMAT = "deepmetric-index-1"
-MANIFEST = "index.json"
+MANIFEST = INDEX_MANIFEST
 
 
 @dataclass
@@ -292,13 +292,8 @@ def _manifest_from_dict(data: Any, where: Path, full_model: bool) -> IndexManife
 def read_manifest(index_dir: str | Path, model: bool = False) -> IndexManifest:
     """``INDEX_DIR/index.json``, every key checked; ``model``: the whole model record that embeds images too (a
     search by image, ``index --add``), else only the keys it holds (a search by vectors needs none)."""
+    check_index_dir(index_dir)
     path = Path(index_dir) / MANIFEST
-    if not path.is_file():
-        if RunDir(index_dir).config_path.is_file():
-            raise IndexStoreError(f"{index_dir} is a training run, not an index: build an index from it with "
-                                  f"deepmetric index {index_dir} --images FOLDER --out INDEX")
-        what = "does not exist" if not Path(index_dir).exists() else f"holds no {MANIFEST}"
-        raise IndexStoreError(f"{index_dir} is not a deepmetric index: it {what} (build one with deepmetric index)")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:

@@ -31,6 +31,7 @@ import yaml
 
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError, RunInUse
+from ..folders import RUN_CONFIG, check_run_dir
 from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, open_in_place, to_json, unprefixed
 from ..models import Embedder, create_model
 from .checkpoint import load_checkpoint
@@ -96,7 +97,7 @@ class RunDir:
 
     @property
     def config_path(self) -> Path:
-        return self.path / "config.yaml"
+        return self.path / RUN_CONFIG
 
     @property
     def metrics_log(self) -> Path:
@@ -263,10 +264,7 @@ class RunDir:
             log.info("removed %d temporary file(s) (%.1f MB) left by an interrupted write", len(stale), size / 2**20)
 
     def config(self) -> RunConfig:
-        if not self.config_path.is_file():
-            if not self.path.exists():
-                raise DeepMetricError(f"no such run directory: {self.path}")
-            raise DeepMetricError(f"{self.path} is not a run directory (no config.yaml)")
+        check_run_dir(self.path)
         try:
             data = yaml.safe_load(self.config_path.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as error:

@@ -1,0 +1,32 @@
+"""What makes a folder a training run or an index, checked without torch: the CLI names a mistyped folder before
+it imports the model code (seconds on a loaded machine), and ``RunDir`` and ``read_manifest`` raise the same
+messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import DeepMetricError, IndexStoreError
+
+RUN_CONFIG = "config.yaml"  # a run folder's resolved config: what makes a folder a run
+INDEX_MANIFEST = "index.json"  # an index folder's manifest: what makes a folder an index
+
+
+def check_run_dir(path: str | Path) -> None:
+    """Raise ``DeepMetricError`` unless ``path`` holds a run's ``config.yaml``."""
+    path = Path(path)
+    if not (path / RUN_CONFIG).is_file():
+        if not path.exists():
+            raise DeepMetricError(f"no such run directory: {path}")
+        raise DeepMetricError(f"{path} is not a run directory (no {RUN_CONFIG})")
+
+
+def check_index_dir(path: str | Path) -> None:
+    """Raise ``IndexStoreError`` unless ``path`` holds an ``index.json``; a run given for an index is named so."""
+    if (Path(path) / INDEX_MANIFEST).is_file():
+        return
+    if (Path(path) / RUN_CONFIG).is_file():
+        raise IndexStoreError(f"{path} is a training run, not an index: build an index from it with deepmetric index "
+                              f"{path} --images FOLDER --out INDEX")
+    what = "does not exist" if not Path(path).exists() else f"holds no {INDEX_MANIFEST}"
+    raise IndexStoreError(f"{path} is not a deepmetric index: it {what} (build one with deepmetric index)")
