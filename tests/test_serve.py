@@ -372,9 +372,12 @@ def test_the_names_answered_follow_the_bound_host_and_allowed_hosts(searcher, ga
         assert [test_client.get("/health", headers={"host": h}).status_code
                 for h in ("a.example", "b.example:80", "c.example", "localhost", "d.example")] == [200] * 4 + [421]
     capsys.readouterr()
-    assert main(["serve", "no-such.index", "--allowed-hosts", "evil host"]) == 2
+    import deepmetric.retrieval.search as search
+
+    monkeypatch.setattr(search, "Searcher", lambda *_: pytest.fail("the index was loaded before the names checked"))
+    assert main(["serve", str(gallery_index[0]), "--allowed-hosts", "evil host"]) == 2
     err = capsys.readouterr().err
-    assert "--allowed-hosts: 'evil host' is not a host name or address" in err and "no-such" not in err
+    assert err == "error: --allowed-hosts: 'evil host' is not a host name or address\n" and len(served) == 1
 
 
 def test_serve_refuses_a_damaged_manifest_and_damaged_stored_data_is_json_without_a_traceback(
