@@ -209,7 +209,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)
-    if args.k > searcher.count and not args.json:  # a note, not an error: the results are all there are
+    if args.k > searcher.count:  # a note on stderr (not with --json or --quiet): the results are all there are
         logging.getLogger(__name__).info("the index holds %d items: printing all of them (--k %d)", searcher.count,
                                          args.k)
     for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
