@@ -73,6 +73,8 @@ def test_explain_on_a_head_without_attention_is_one_clear_error(tmp_path, image_
     assert err.startswith("error: head 'gap' returns no attention maps") and not out.exists()
     code, _, err = run(capsys, "explain", run_dir, "--out", out)
     assert code == 2 and "needs --images PATH" in err
+    code, _, err = run(capsys, "explain", run_dir, "--images", image_folder, tmp_path / "typo.png", "--out", out)
+    assert code == 2 and err == f"error: {tmp_path / 'typo.png'} does not exist\n" and not out.exists()  # first
 
 
 def edit_map(attention: torch.Tensor, k: int) -> torch.Tensor:

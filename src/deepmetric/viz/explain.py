@@ -97,8 +97,8 @@ def explain_images(run_dir: str | Path, images: str | Path | Sequence[str | Path
                    which: str = "auto", batch_size: int | None = None, progress: bool = True) -> list[Path]:
     """Write ``OUT/<image>.png`` per image: the input and each group's upsampled attention over it. ``images`` is
     an image, a folder or a ``.txt`` list, or several of these (``overlay_files``)."""
+    root, files = overlay_files(images)  # a missing image is named before the model loads
     model, config, device = _load(run_dir, which)
-    root, files = overlay_files(images)
     table = files_table(" ".join(map(str, image_sources(images))), files)
     out = Path(out)
     names = output_names(files, root)
