@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from deepmetric import workflows
 from deepmetric.cli import main
 from deepmetric.errors import IndexStoreError
 from deepmetric.retrieval import IndexSearcher, Searcher, faiss_index, store
@@ -99,7 +100,8 @@ def test_search_takes_several_queries_a_folder_or_a_list_and_embeds_them_all_bef
     assert code == 2 and out == "" and "broken.png" in err  # nothing printed before the bad query stopped it
 
 
-def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(tiny_run, tmp_path, capsys):
+def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(tiny_run, tmp_path, capsys,
+                                                                               monkeypatch):
     shop_a = make_gallery(tmp_path / "shops" / "a", 3)
     shop_b = make_gallery(tmp_path / "shops" / "b", 2, seed=1, start=3)
     index = tmp_path / "index"
@@ -133,6 +135,10 @@ def test_index_and_embed_take_several_galleries_and_index_a_repeated_image_once(
     code, out, err = run(capsys, "index", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "nowhere",
                          "--out", tmp_path / "index2", "--quiet")
     assert code == 2 and "nowhere does not exist" in err and not (tmp_path / "index2").exists()
+    monkeypatch.setattr(workflows, "load_run_model", lambda *_: pytest.fail("the model loaded before the images"))
+    code, out, err = run(capsys, "embed", tiny_run, "--images", tmp_path / "shops" / "a", tmp_path / "nowhere",
+                         "--out", tmp_path / "e.npy")
+    assert code == 2 and "nowhere does not exist" in err and not (tmp_path / "e.npy").exists()
 
 
 def test_add_appends_new_images_and_skips_known_ones(tiny_run, tmp_path, capsys):

@@ -246,9 +246,9 @@ def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path],
     refuse_folder(out, "embeddings.npy")
     out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it
+    files = list_images_of(images)  # a missing image is named before the model loads
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    files = list_images_of(images)
     table = files_table(" ".join(map(str, image_sources(images))), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))
     buffer = io.BytesIO()
