@@ -123,7 +123,8 @@ def test_train_says_which_flag_takes_a_preset_a_study_a_run_or_a_data_folder(tmp
 def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     """``--help`` imports no torch, and neither ``metrics`` of precomputed embeddings nor a ``train`` stopped by a
     bad setting imports torchvision (the data pipeline and the models): each costs seconds of start-up on a small
-    machine. A run or index folder that is not one stops every command that reads it before torch is imported."""
+    machine. A mistyped run or index folder, image path or ``--data`` path stops the command that reads it before
+    torch is imported."""
     import subprocess
     import sys
 
@@ -141,11 +142,23 @@ def test_help_metrics_and_config_errors_skip_the_heavy_imports(tmp_path):
     assert loaded("--help") == "loaded:"
     assert loaded("metrics", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), "--no-nmi") == "loaded: torch"
     assert loaded("train", "--data", "glyphs", "loss.name=binomal") == "loaded: torch"
-    missing = str(tmp_path / "typo")  # a mistyped run or index folder is named before any model code loads
-    for command in (["report", missing], ["evaluate", missing], ["export", missing, "--out", "m.onnx"],
-                    ["embed", missing, "--images", missing, "--out", "e.npy"], ["search", missing, "--image", "q.png"],
-                    ["serve", missing], ["index", str(tmp_path), "--images", missing, "--out", "i"]):
-        assert loaded(*command) == "loaded:", command
+    missing = str(tmp_path / "typo")  # a mistyped run, index, image or data path is named before the models load
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("{}\n")  # what makes a folder a run, to the check before any loading
+    run_dir, out = str(run_dir), str(tmp_path / "out")  # nothing is written there
+    for command, named in (
+            (["report", missing], "no such run directory"), (["evaluate", missing], "no such run directory"),
+            (["export", missing, "--out", out], "no such run directory"),
+            (["search", missing, "--image", "q.png"], "is not a deepmetric index"),
+            (["serve", run_dir], "is a training run, not an index"),
+            (["embed", run_dir, "--images", run_dir, missing, "--out", out], f"{missing} does not exist"),
+            (["index", run_dir, "--images", missing, "--out", out], f"{missing} does not exist"),
+            (["explain", run_dir, "--images", missing, "--out", out], f"{missing} does not exist"),
+            (["evaluate", run_dir, "--data", f"cub:{missing}"], f"cub: no such folder: {missing}"),
+            (["explain", run_dir, "--data", f"sop:{missing}", "--out", out], f"sop: no such folder: {missing}")):
+        result = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, check=True)
+        assert result.stdout.splitlines()[-1] == "loaded:" and named in result.stderr, (command, result.stderr)
 
 
 def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_full_disk_leaves(tmp_path, capsys):

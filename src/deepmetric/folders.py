@@ -1,12 +1,12 @@
-"""What makes a folder a training run or an index, checked without torch: the CLI names a mistyped folder before
-it imports the model code (seconds on a loaded machine), and ``RunDir`` and ``read_manifest`` raise the same
-messages."""
+"""What makes a folder a training run or an index, and a path something images can be read from, checked without
+torch: the CLI names a mistyped path before it imports the model code (seconds on a loaded machine), and
+``RunDir``, ``read_manifest`` and ``list_images`` raise the same messages."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import DeepMetricError, IndexStoreError
+from .errors import DataError, DeepMetricError, IndexStoreError
 
 RUN_CONFIG = "config.yaml"  # a run folder's resolved config: what makes a folder a run
 INDEX_MANIFEST = "index.json"  # an index folder's manifest: what makes a folder an index
@@ -30,3 +30,13 @@ def check_index_dir(path: str | Path) -> None:
                               f"{path} --images FOLDER --out INDEX")
     what = "does not exist" if not Path(path).exists() else f"holds no {INDEX_MANIFEST}"
     raise IndexStoreError(f"{path} is not a deepmetric index: it {what} (build one with deepmetric index)")
+
+
+def check_image_path(path: str | Path) -> None:
+    """Raise ``DataError`` unless ``path`` is a file (an image or a list of them) or a folder."""
+    path = Path(path)
+    if path.is_file() or path.is_dir():
+        return
+    if not path.exists():
+        raise DataError(f"{path} does not exist")
+    raise DataError(f"{path} is neither an image file nor a folder")

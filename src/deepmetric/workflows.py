@@ -21,6 +21,7 @@ from .data.table import RetrievalTable, test_sizes_match
 from .errors import CheckpointError, DataError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
+from .folders import check_image_path
 from .io import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder, to_json, unprefixed
 from .provenance import evaluation_environment
 from .training.checkpoint import checkpoint_state
@@ -211,10 +212,7 @@ def list_images(path: str | Path) -> list[Path]:
         return read_image_list(path)
     if path.is_file():
         return [path]
-    if not path.exists():
-        raise DataError(f"{path} does not exist")
-    if not path.is_dir():
-        raise DataError(f"{path} is neither an image file nor a folder")
+    check_image_path(path)
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
     if not files:
         raise DataError(f"{path} holds no image ({', '.join(IMAGE_EXTENSIONS)})")

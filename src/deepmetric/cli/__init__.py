@@ -10,8 +10,7 @@ import os
 import sys
 
 from ..errors import DeepMetricError, TrainingInterrupted
-from ..folders import check_index_dir, check_run_dir
-from .commands import printable
+from .commands import check_paths, printable
 from .parser import build_parser, take_trailing_positional
 
 __all__ = ["build_parser", "main"]
@@ -41,10 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler])
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loaded: noise for users
     try:
-        if getattr(args, "run_dir", None) is not None:  # a mistyped folder named before the model code is imported
-            check_run_dir(args.run_dir)
-        if getattr(args, "index_dir", None) is not None:
-            check_index_dir(args.index_dir)
+        check_paths(args)  # a mistyped path named before the model code is imported
         return args.func(args)
     except TrainingInterrupted as stopped:
         print(printable(str(stopped)), file=sys.stderr)

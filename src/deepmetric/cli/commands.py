@@ -30,6 +30,23 @@ def say(text: object) -> None:
     print(printable(str(text)))
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """The paths a command reads, checked before it imports torch and the models (5-20 s on a loaded 2-core
+    machine, then the message): the run or index folder, each ``--images`` / ``--image`` path, and the ``--data``
+    spec of ``evaluate`` and ``explain`` (``train`` checks its own once its config is built)."""
+    from ..data import check_data_path
+    from ..folders import check_image_path, check_index_dir, check_run_dir
+
+    if getattr(args, "run_dir", None) is not None:
+        check_run_dir(args.run_dir)
+    if getattr(args, "index_dir", None) is not None:
+        check_index_dir(args.index_dir)
+    for given in getattr(args, "images", None) or getattr(args, "image", None) or []:
+        check_image_path(given)
+    if args.command in ("evaluate", "explain") and isinstance(args.data, str):
+        check_data_path(args.data)
+
+
 def default_run_name(config: Any, now: float | None = None) -> str:
     """``<time>-<data>-<backbone>-<head>`` for a run without ``--out``: each part cut to letters, digits, ``.``,
     ``_``, ``-`` and 40 characters, never ``.`` or ``..`` (a ``--data`` or ``--backbone`` holding ``../`` named a
