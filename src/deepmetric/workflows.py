@@ -228,6 +228,32 @@ def list_images_of(images: str | os.PathLike | Sequence[str | os.PathLike]) -> l
     return [file for given in image_sources(images) for file in list_images(given)]
 
 
+def same_file_key(path: Path, folders: dict[str, str]) -> str:
+    """``path`` with its folder's links resolved (``folders`` caches them): what tells two names of one file apart
+    from two files when ``index --add`` skips images already indexed, and repeats are dropped."""
+    folder = str(path.parent)
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder)
+    return os.path.join(folders[folder], path.name)
+
+
+def first_of_each(files: list[Path], folders: dict[str, str]) -> list[Path]:
+    """``files`` without the repeats of a file (``same_file_key``), each kept where it first appears."""
+    seen: set[str] = set()
+    kept = []
+    for file in files:
+        key = same_file_key(file, folders)
+        if key not in seen:
+            seen.add(key)
+            kept.append(file)
+    return kept
+
+
+def folder_holding(files: Sequence[Path]) -> Path:
+    """The deepest folder that holds every one of ``files`` (absolute paths), e.g. a gallery's root."""
+    return Path(os.path.commonpath([file.parent for file in files]))
+
+
 def files_table(name: str, files: list[Path]) -> RetrievalTable:
     """A table of unlabelled image files (label 0, split ``test``), to run a model over them."""
     count = len(files)
@@ -244,10 +270,11 @@ def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path],
     refuse_folder(out, "embeddings.npy")
     out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it
-    files = list_images_of(images)  # a missing image is named before the model loads
+    sources = image_sources(images)
+    files = list_images_of(sources)  # a missing image is named before the model loads
     device = resolve_device(config.train.device)
     model, _, _ = load_run_model(run_dir, which, device)
-    table = files_table(" ".join(map(str, image_sources(images))), files)
+    table = files_table(" ".join(map(str, sources)), files)
     embeddings = embed_table(model, table, EmbedSettings.from_config(config, device, progress, batch_size))
     buffer = io.BytesIO()
     np.save(buffer, embeddings.astype(np.float32), allow_pickle=False)

@@ -19,6 +19,7 @@ from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
 from ..retrieval.search import Hit, IndexSearcher, check_k, index_checkpoint
 from ..retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
+from ..workflows import folder_holding
 from .image_inputs import ImageInput, image_items, is_vectors, unit_rows
 from .run import TrainedRun, load_run
 
@@ -360,7 +361,7 @@ def _gallery(images: Any) -> tuple[list[Path | Image.Image | np.ndarray], list[d
             raise DataError(f"{file} is not a file")
     if not files:
         return items, [{"source": 0, "path": None} for _ in items], None
-    root = Path(os.path.commonpath([f.parent for f in files]))
+    root = folder_holding(files)
     resolved = iter(files)
     items = [next(resolved) if isinstance(item, Path) else item for item in items]
     records = [relative_item(item, root, 0) if isinstance(item, Path) else {"source": 0, "path": None}

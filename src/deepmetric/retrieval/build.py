@@ -15,7 +15,15 @@ from ..io import check_writable
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import LIST_SUFFIXES, files_table, image_sources, list_images
+from ..workflows import (
+    LIST_SUFFIXES,
+    files_table,
+    first_of_each,
+    folder_holding,
+    image_sources,
+    list_images,
+    same_file_key,
+)
 from . import faiss_index
 from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
 
@@ -43,7 +51,7 @@ def gallery_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tu
     givens = image_sources(images)
     if len(givens) > 1:
         files = [file for given in givens for file in gallery_files(given)[1]]
-        return Path(os.path.commonpath([file.parent for file in files])), files
+        return folder_holding(files), files
     images = Path(givens[0])
     found = list_images(images)
     if images.is_dir():
@@ -52,7 +60,7 @@ def gallery_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tu
     if images.suffix.lower() in LIST_SUFFIXES:  # a list (its files resolved by list_images)
         folder = images.parent.resolve()
         inside = all(file.is_relative_to(folder) for file in found)
-        return (folder if inside else Path(os.path.commonpath([file.parent for file in found]))), found
+        return (folder if inside else folder_holding(found)), found
     file = images.parent.resolve() / images.name
     return file.parent, [file]
 
@@ -60,27 +68,6 @@ def gallery_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tu
 def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
     """An item for ``file``, which lies below ``root`` (``gallery_files``): its path relative to ``root``."""
     return {"source": source, "path": file.relative_to(root).as_posix()}
-
-
-def same_file_key(path: Path, folders: dict[str, str]) -> str:
-    """``path`` with its folder's links resolved (``folders`` caches them): what tells two names of one file apart
-    from two files when ``--add`` skips images already indexed."""
-    folder = str(path.parent)
-    if folder not in folders:
-        folders[folder] = os.path.realpath(folder)
-    return os.path.join(folders[folder], path.name)
-
-
-def first_of_each(files: list[Path], folders: dict[str, str]) -> list[Path]:
-    """``files`` without the repeats of a file (``same_file_key``), each kept where it first appears."""
-    seen: set[str] = set()
-    kept = []
-    for file in files:
-        key = same_file_key(file, folders)
-        if key not in seen:
-            seen.add(key)
-            kept.append(file)
-    return kept
 
 
 def file_sha256(path: Path) -> str:

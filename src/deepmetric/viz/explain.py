@@ -31,7 +31,7 @@ from ..models import Embedder
 from ..progress import progress_bar
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
-from ..workflows import files_table, image_sources, list_images_of
+from ..workflows import files_table, first_of_each, folder_holding, image_sources, list_images_of
 from .overlays import image_overlays, top_images_grid
 
 
@@ -81,25 +81,25 @@ def output_names(files: list[Path], root: Path) -> list[str]:
     return names
 
 
-def overlay_files(images: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[Path, list[Path]]:
-    """``(root, files)``: the images of ``images`` (one path ``list_images`` takes, or several) and the folder their
-    overlays are named below (``output_names``): the path given, or for several the folder holding all their
-    images, whose files are then absolute and each drawn once (an image given twice would write two overlays)."""
-    sources = image_sources(images)
+def overlay_files(sources: list[str | os.PathLike]) -> tuple[Path, list[Path]]:
+    """``(root, files)``: the images of ``sources`` (``image_sources``) and the folder their overlays are named
+    below (``output_names``): the path given, or for several the folder holding all their images, whose files are
+    then absolute and each drawn once (``first_of_each``: an image given twice would write two overlays)."""
     files = list_images_of(sources)
     if len(sources) == 1:
         return Path(sources[0]), files
-    files = list(dict.fromkeys(Path(os.path.abspath(file)) for file in files))
-    return Path(os.path.commonpath([file.parent for file in files])), files
+    files = first_of_each([Path(os.path.abspath(file)) for file in files], {})
+    return folder_holding(files), files
 
 
 def explain_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path,
                    which: str = "auto", batch_size: int | None = None, progress: bool = True) -> list[Path]:
     """Write ``OUT/<image>.png`` per image: the input and each group's upsampled attention over it. ``images`` is
     an image, a folder or a ``.txt`` list, or several of these (``overlay_files``)."""
-    root, files = overlay_files(images)  # a missing image is named before the model loads
+    sources = image_sources(images)
+    root, files = overlay_files(sources)  # a missing image is named before the model loads
     model, config, device = _load(run_dir, which)
-    table = files_table(" ".join(map(str, image_sources(images))), files)
+    table = files_table(" ".join(map(str, sources)), files)
     out = Path(out)
     names = output_names(files, root)
     written = []
