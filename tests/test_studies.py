@@ -635,6 +635,25 @@ def test_results_md_lists_each_seed_and_what_each_variant_cost_to_train(tmp_path
     assert "## Each seed" not in run_study(single, progress=False)["md"].read_text()  # one seed: nothing to list
 
 
+def test_a_variant_trained_on_two_machines_gets_a_cost_row_for_each(tmp_path):
+    """A median over a CPU's runs and a GPU's describes neither machine: each machine has its own row, with its
+    own runs' count, rate and time, and the variant's rows stay together in the study's order."""
+    from deepmetric.studies.cost import training_cost
+    from deepmetric.training.run_dir import RunDir
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}, "other": {"train.lr": 2e-4}}, seeds=[0, 1, 2]))
+    run_study(spec, progress=False)
+    gpu_run = RunDir(spec.run_dir(next(r for r in spec.runs() if r.name == "gap/2")))
+    gpu_run.environment.write_text(json.dumps({"sessions": [{"gpu": "NVIDIA H200", "threads": 1}]}))
+    log = [json.loads(line) for line in gpu_run.metrics_log.read_text().splitlines()]
+    gpu_run.metrics_log.write_text("".join(json.dumps({**r, "images_per_s": 1000.0} if "images_per_s" in r else r)
+                                           + "\n" for r in log))
+    rows = [line for line in training_cost(spec).splitlines() if line.startswith(("| gap |", "| other |"))]
+    assert [row.split(" | ")[:2] for row in rows] == [["| gap", "2"], ["| gap", "1"], ["| other", "3"]]
+    assert rows[1].split(" | ")[2] == "1000" and rows[1].endswith("| NVIDIA H200 |")
+    assert "NVIDIA H200" not in rows[0] and "NVIDIA H200" not in rows[2]
+
+
 def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
     """The cost section's arithmetic on a hand-written run: windows of 10 steps of 6 images at 6 and 3 images/s
     took 10 + 20 s; validation records and a damaged environment are no obstacle."""

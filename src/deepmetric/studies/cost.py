@@ -69,26 +69,28 @@ def run_cost(folder: RunDir) -> dict[str, Any] | None:
 
 
 def training_cost(spec: StudySpec) -> str:
-    """The "Training cost" section of a study's ``results.md``: per variant, its finished runs' median rate and
-    training time per run, and the machines they trained on. Empty when no run logged a rate."""
-    costs: dict[str, list[dict[str, Any]]] = {}
-    for run in spec.runs():
+    """The "Training cost" section of a study's ``results.md``: per variant and machine, the finished runs' median
+    rate and training time per run (a variant whose runs trained on a CPU and a GPU gets a row for each: a median
+    across machines would describe neither). Empty when no run logged a rate."""
+    costs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    runs = spec.runs()
+    for run in runs:
         folder = RunDir(spec.run_dir(run))
         cost = run_cost(folder) if finished(folder) else None
         if cost is not None:
-            costs.setdefault(run.variant, []).append(cost)
+            costs.setdefault((run.variant, cost["machine"]), []).append(cost)
     if not costs:
         return ""
     lines = ["## Training cost", "",
              "Read from each run's log: the median logged rate, and the time its training steps took (validation "
-             "and test evaluation excluded), median over the variant's runs; a rate is the machine's share the run "
-             "got (runs sharing a machine report less).", "",
+             "and test evaluation excluded), median over the variant's runs on that machine; a rate is the "
+             "machine's share the run got (runs sharing a machine report less).", "",
              "| variant | runs | images/s | training time per run | machine |", "|---|---|---|---|---|"]
-    for variant, runs in costs.items():
-        rate = statistics.median(c["images_per_s"] for c in runs)
-        seconds = statistics.median(c["seconds"] for c in runs)
-        machines = "; ".join(dict.fromkeys(c["machine"] for c in runs))
-        lines.append(f"| {variant} | {len(runs)} | {rate:.0f} | {duration(seconds)} | {machines} |")
+    order = list(dict.fromkeys(run.variant for run in runs))  # a variant's rows together; its machines as first met
+    for (variant, machine), group in sorted(costs.items(), key=lambda item: order.index(item[0][0])):
+        rate = statistics.median(c["images_per_s"] for c in group)
+        seconds = statistics.median(c["seconds"] for c in group)
+        lines.append(f"| {variant} | {len(group)} | {rate:.0f} | {duration(seconds)} | {machine} |")
     return "\n".join(lines) + "\n"
 
 
