@@ -19,7 +19,7 @@ from deepmetric.studies.spec import StudySpec, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
-COMPARISONS = ("emoji.yaml", "emoji-160px.yaml")
+COMPARISONS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml")
 """The study files whose tables docs/results.md publishes (the ablations' table is a validation table of its own)."""
 
 
