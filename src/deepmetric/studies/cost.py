@@ -72,13 +72,12 @@ def training_cost(spec: StudySpec) -> str:
     """The "Training cost" section of a study's ``results.md``: per variant and machine, the finished runs' median
     rate and training time per run (a variant whose runs trained on a CPU and a GPU gets a row for each: a median
     across machines would describe neither). Empty when no run logged a rate."""
-    costs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    runs = spec.runs()
-    for run in runs:
+    costs: dict[str, dict[str, list[dict[str, Any]]]] = {}  # variant -> machine -> runs, each in the order first met
+    for run in spec.runs():
         folder = RunDir(spec.run_dir(run))
         cost = run_cost(folder) if finished(folder) else None
         if cost is not None:
-            costs.setdefault((run.variant, cost["machine"]), []).append(cost)
+            costs.setdefault(run.variant, {}).setdefault(cost["machine"], []).append(cost)
     if not costs:
         return ""
     lines = ["## Training cost", "",
@@ -86,11 +85,11 @@ def training_cost(spec: StudySpec) -> str:
              "and test evaluation excluded), median over the variant's runs on that machine; a rate is the "
              "machine's share the run got (runs sharing a machine report less).", "",
              "| variant | runs | images/s | training time per run | machine |", "|---|---|---|---|---|"]
-    order = list(dict.fromkeys(run.variant for run in runs))  # a variant's rows together; its machines as first met
-    for (variant, machine), group in sorted(costs.items(), key=lambda item: order.index(item[0][0])):
-        rate = statistics.median(c["images_per_s"] for c in group)
-        seconds = statistics.median(c["seconds"] for c in group)
-        lines.append(f"| {variant} | {len(group)} | {rate:.0f} | {duration(seconds)} | {machine} |")
+    for variant, machines in costs.items():
+        for machine, group in machines.items():
+            rate = statistics.median(c["images_per_s"] for c in group)
+            seconds = statistics.median(c["seconds"] for c in group)
+            lines.append(f"| {variant} | {len(group)} | {rate:.0f} | {duration(seconds)} | {machine} |")
     return "\n".join(lines) + "\n"
 
 
