@@ -9,6 +9,8 @@ import errno
 import hashlib
 import http.server
 import io
+import json
+import os
 import tarfile
 import threading
 
@@ -266,13 +268,58 @@ def test_a_full_disk_while_unpacking_leaves_no_half_unpacked_folder(tmp_path, se
     assert len(load_dataset("cub", check_counts=False).images) == 8 and server.ranges == [None]
 
 
-def test_a_folder_without_the_marker_is_not_taken_as_built(tmp_path, serve):
+def test_a_users_own_folder_or_link_or_archive_is_refused_before_any_download_and_kept(tmp_path, serve):
+    """Issue 53 item 11: a ``$DEEPMETRIC_DATA/cub`` without the project's marker (a user's own folder) was taken as a
+    damaged build: the archive was downloaded and unpacked, then the folder deleted with ``rmtree``; with ``cub`` a
+    symbolic link the whole archive was downloaded before an error. Each is refused with one message naming it,
+    before any request, and left as it was; so is a ``CUB_200_2011.tgz`` beside it that is not the published one
+    (it was deleted as "left by an earlier run")."""
     server = serve()
-    half = tmp_path / "data" / "cub" / "CUB_200_2011"
-    (half / "images").mkdir(parents=True)
-    (half / "images.txt").write_text("1 a/b.jpg\n")  # an unpack cut short, with no meta.json
+    data = tmp_path / "data"
+    own = data / "cub"
+    (own / "CUB_200_2011" / "images").mkdir(parents=True)
+    (own / "CUB_200_2011" / "images.txt").write_text("1 a/b.jpg\n")
+    (own / "my-notes.txt").write_text("mine")
+    (own / "meta.json").write_text('{"author": "me"}')  # a meta.json, not ours
+    with pytest.raises(DataError, match=rf"^cub: {own} exists but was not built by deepmetric .* never deletes what "
+                                        rf"it did not create\. If it holds the data set, use it with --data cub:{own};"):
+        load_dataset("cub", check_counts=False)
+    assert (own / "my-notes.txt").read_text() == "mine" and server.ranges == [] and leftovers(tmp_path) == []
+
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(own, elsewhere)
+    for target in (elsewhere, tmp_path / "nowhere"):  # a link to a folder that is not a build, a dangling link
+        own.symlink_to(target)
+        with pytest.raises(DataError, match=rf"^cub: {own} is a symbolic link \(to {target}\) that does not lead to "
+                                            "a complete CUB_200_2011 build; deepmetric never replaces"):
+            load_dataset("cub", check_counts=False)
+        assert own.is_symlink() and server.ranges == []
+        own.unlink()
+    assert (elsewhere / "my-notes.txt").read_text() == "mine"
+
+    foreign = data / "CUB_200_2011.tgz"
+    foreign.write_bytes(b"a user's own archive of another version")
+    with pytest.raises(DataError, match=rf"^cub: {foreign} exists but is not the published CUB_200_2011.tgz .* "
+                                        "leaves it alone"):
+        load_dataset("cub", check_counts=False)
+    assert foreign.read_bytes() == b"a user's own archive of another version" and server.ranges == []
+    foreign.unlink()
     table = load_dataset("cub", check_counts=False)
     assert len(table.images) == 8 and server.ranges == [None]
+
+
+def test_a_build_of_ours_that_is_damaged_or_of_another_archive_is_replaced(tmp_path, serve):
+    """A folder with the project's marker was built by it: when its files were removed since, or it holds another
+    archive's build, it is fetched anew and replaced (the only folder ever replaced)."""
+    server = serve()
+    load_dataset("cub", check_counts=False)
+    root = tmp_path / "data" / "cub"
+    (root / "CUB_200_2011" / "image_class_labels.txt").unlink()
+    assert len(load_dataset("cub", check_counts=False).images) == 8 and server.ranges == [None, None]
+    meta = json.loads((root / "meta.json").read_text())
+    (root / "meta.json").write_text(json.dumps({**meta, "md5": "0" * 32}))
+    assert len(load_dataset("cub", check_counts=False).images) == 8 and len(server.ranges) == 3
+    assert download_module.is_built(root, download_module.ARCHIVES["cub"]) and leftovers(tmp_path) == []
 
 
 def test_an_archive_without_the_layout_is_refused(tmp_path, serve):

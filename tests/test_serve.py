@@ -9,6 +9,7 @@ import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -437,6 +438,52 @@ def test_serve_refuses_a_damaged_manifest_and_damaged_stored_data_is_json_withou
     assert all(record.exc_info is None for record in caplog.records), [r.getMessage() for r in caplog.records]
     assert "Traceback" not in caplog.text and len(caplog.records) == 5
     assert "item 0's record is damaged (IndexError" in caplog.text
+
+
+def test_an_index_item_outside_its_gallery_folders_is_refused_and_never_served(gallery_index, tmp_path, monkeypatch,
+                                                                              capsys):
+    """Issue 53 item 12: ``index.json`` items still took an absolute ``path`` (indexes written before items were
+    relative), so a hand-edited index made ``GET /images/0`` serve a thumbnail of any image the server could read.
+    An absolute item is read only when it lies inside its gallery folder (then as relative to it); one outside,
+    directly or through ``..``, stops ``serve`` and ``search`` with one line naming the item; a path changed in
+    memory after the checks is not served either."""
+    import deepmetric.retrieval.service as service
+
+    index = tmp_path / "index"
+    shutil.copytree(gallery_index[0], index)
+    secret = make_gallery(tmp_path / "private", 1, seed=9)[0]  # an image of the server's, outside the gallery
+    pristine = json.loads((index / "index.json").read_text())
+    gallery = Searcher(index).manifest.sources[0]
+    started = []
+    monkeypatch.setattr(service.uvicorn, "Server", lambda config: started.append(config.app) or
+                        type("NotRun", (), {"run": lambda self: None})())
+    for path in (str(secret), f"{gallery}/../private/{secret.name}", f"{gallery}/./../private/{secret.name}", gallery):
+        data = json.loads(json.dumps(pristine))
+        data["items"][0]["path"] = path
+        (index / "index.json").write_text(json.dumps(data))
+        for command in (["serve", str(index)], ["search", str(index), "--image", str(secret)]):
+            assert main(command) == 2, (path, command)
+            err = capsys.readouterr().err
+            assert "items[0].path" in err and "lies outside its gallery folder sources[0]" in err, err
+            assert "rebuild it" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert not started
+
+    data = json.loads(json.dumps(pristine))
+    inside = gallery_index[1][3]
+    data["items"][0]["path"] = f"{gallery}/./{inside.name}"  # img003.png, at the gallery's top
+    (index / "index.json").write_text(json.dumps(data))
+    searcher = Searcher(index)  # a legacy absolute item inside its folder: read as relative to it
+    assert searcher.manifest.items[0]["path"] == inside.name and searcher.manifest.image_path(0) == Path(gallery) / \
+        inside.name
+
+    searcher.manifest.items[1]["path"] = str(secret)  # changed in memory, after the checks
+    searcher.manifest.items[2]["path"] = f"../private/{secret.name}"
+    with TestClient(create_app(searcher, LIMITS), base_url="http://127.0.0.1:8000") as client:
+        assert client.get("/images/0").status_code == 200
+        for item in (1, 2):
+            response = client.get(f"/images/{item}")
+            assert_json_error(response, 500, "damaged")
+            assert str(tmp_path) not in response.text
 
 
 def test_a_moved_index_searches_and_serves_and_no_answer_holds_a_server_path(tiny_run, tmp_path, capsys):

@@ -7,7 +7,12 @@ download resumes where it stopped (an HTTP ``Range`` request), in the same call 
 complete file is checked against the published MD5 (a mismatch deletes it), unpacked into a temporary folder beside
 ``$DEEPMETRIC_DATA/cub``, its layout checked (``images.txt``, ``image_class_labels.txt``, ``images/``), a
 ``meta.json`` marker written, and only then renamed to ``$DEEPMETRIC_DATA/cub``: a folder without the marker, or
-with another archive's, is never taken as built. The archive is deleted once unpacked. Two processes fetching the same
+with another archive's, is never taken as built. The archive is deleted once unpacked.
+
+Nothing the project did not create is deleted or replaced: a ``$DEEPMETRIC_DATA/cub`` without the marker (a user's
+own folder), a symbolic link there that does not lead to a build, or a ``CUB_200_2011.tgz`` beside it that is not the
+published archive is refused with one message naming it, before anything is downloaded (``_check_ours``); only a
+folder with the project's marker (a build of another archive, or one whose files were removed since) is replaced. Two processes fetching the same
 data set at once (two trainings started together) take turns on ``$DEEPMETRIC_DATA/.cub.lock``: the second waits,
 saying so, and then uses the first one's build instead of appending a second download to the same ``.part``.
 
@@ -266,6 +271,40 @@ def _missing(folder: Path, archive: Archive) -> list[str]:
     return [e for e in archive.expected if not ((folder / e).is_dir() if e.endswith("/") else (folder / e).is_file())]
 
 
+def _has_marker(root: Path) -> bool:
+    """Whether ``root/meta.json`` is this project's marker (of any archive): the folder was built by ``_fetch``."""
+    try:
+        meta = json.loads((root / "meta.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("format"), int) and {"url", "md5", "folder"} <= meta.keys()
+
+
+def _check_ours(name: str, archive: Archive, root: Path, archive_file: bool = True) -> None:
+    """Refuse to go on when ``root`` (and, with ``archive_file``, the archive's file beside it) is there and was not
+    made by this project: fetching would replace it. Raises ``DataError`` naming the thing and the ways out."""
+    if root.is_symlink():
+        try:
+            target = os.readlink(root)
+        except OSError:
+            target = "?"
+        raise DataError(f"{name}: {root} is a symbolic link (to {target}) that does not lead to a complete "
+                        f"{archive.folder} build; deepmetric never replaces what it did not create. Give the data "
+                        f"itself with --data {name}:PATH, or remove the link and run again to download it")
+    if root.exists() and not _has_marker(root):
+        raise DataError(f"{name}: {root} exists but was not built by deepmetric (it holds no meta.json of ours); "
+                        "deepmetric never deletes what it did not create. If it holds the data set, use it with "
+                        f"--data {name}:{root}; otherwise move it away (or set DEEPMETRIC_DATA to another folder) and "
+                        "run again to download it")
+    if not archive_file:
+        return
+    target = root.parent / archive.filename
+    if target.is_symlink() or (target.exists() and (not target.is_file() or _md5(target) != archive.md5)):
+        raise DataError(f"{name}: {target} exists but is not the published {archive.filename} (MD5 "
+                        f"{archive.md5}); deepmetric did not download it and leaves it alone: move it away (or set "
+                        f"DEEPMETRIC_DATA to another folder) and run again, or unpack it and use --data {name}:PATH")
+
+
 def fetch(name: str, root: Path | None = None, progress: bool = True) -> Path:
     """The folder of data set ``name``'s unpacked archive (``ARCHIVES``), ``root`` (default ``data_home()/name``):
     used as it is when built, else downloaded, checked, unpacked and renamed there complete."""
@@ -282,6 +321,7 @@ def fetch(name: str, root: Path | None = None, progress: bool = True) -> Path:
     with _taking_turns(root.parent / f".{root.name}.lock", name):
         if is_built(root, archive):  # built by the process this one waited for
             return root
+        _check_ours(name, archive, root)
         return _fetch(name, archive, root, progress)
 
 
@@ -320,9 +360,7 @@ def _taking_turns(lock: Path, name: str) -> Iterator[None]:
 
 def _fetch(name: str, archive: Archive, root: Path, progress: bool) -> Path:
     """``fetch``'s work, under its lock: download (or resume), check, unpack, mark and rename into ``root``."""
-    target = root.parent / archive.filename
-    if target.exists() and _md5(target) != archive.md5:  # left by an earlier run that did not unpack it
-        target.unlink()
+    target = root.parent / archive.filename  # when there, the checked archive of an earlier run (``_check_ours``)
     if not target.exists():
         log.info("%s: downloading %s (%s bytes) to %s", name, archive.url, f"{archive.size:,}", root.parent)
         download(name, archive, target, progress)
@@ -331,7 +369,8 @@ def _fetch(name: str, archive: Archive, root: Path, progress: bool) -> Path:
         unpack(name, archive, target, tmp, progress)
         meta = {"format": FORMAT_VERSION, "url": archive.url, "md5": archive.md5, "folder": archive.folder}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if root.exists():
+        _check_ours(name, archive, root, archive_file=False)  # again: it may have been made during the download
+        if root.exists():  # a build of ours (the marker), of another archive or damaged
             shutil.rmtree(root)
         os.replace(tmp, root)
         fsync_dir(root.parent)

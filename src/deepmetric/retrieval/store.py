@@ -14,7 +14,10 @@ point), then removes the older generation: a reader or a crash at any moment see
 Nothing is pickled: the formats are JSON, safetensors and faiss' own flat binary format.
 
 Item ``i`` is the image of row ``i``: ``{"id": i, "source": s, "path": p}`` where ``p`` is relative to the
-gallery folder ``sources[s]`` (indexes written before this rule may hold an absolute ``p``); ``path`` is null for an
+gallery folder ``sources[s]``, without ``..`` (indexes written before this rule may hold an absolute ``p``: it is read
+only when it lies inside ``sources[s]``, and taken as relative to it; an item outside every folder the index was built
+from is refused, so that a hand-edited ``index.json`` cannot make ``serve`` publish another file of the server's);
+``path`` is null for an
 index built from vectors alone (the benchmark's synthetic index) or from images in memory (``deepmetric.Index``). An
 item may also hold ``"name"``, what a search shows for it instead of its path (names given in Python).
 
@@ -99,16 +102,21 @@ class IndexManifest:
                 "sources": [stored_path(source, home) for source in self.sources], "items": self.items}
 
     def image_path(self, item_id: int) -> Path | None:
-        """The file of item ``item_id`` (None when the index holds no file for it)."""
+        """The file of item ``item_id`` (None when the index holds no file for it), always inside its gallery folder:
+        a path changed in memory to leave it (absolute, or through ``..``) raises ``IndexStoreError``."""
         item = self.items[item_id]
-        if item.get("path") is None:
+        path = item.get("path")
+        if path is None:
             return None
-        return Path(self.sources[item["source"]]) / item["path"]
+        if not _is_relative_item_path(path):
+            raise IndexStoreError(f"item {item_id}'s path is not inside its gallery folder")
+        return Path(self.sources[item["source"]]) / path
 
     def name(self, item_id: int) -> str:
         """What to show for an item: the name it was given (``deepmetric.Index``), else its path relative to its
-        gallery folder, or ``#id`` without a file. Never an absolute path from a file: an item stored absolute (an
-        index written before items were always relative) shows its file name."""
+        gallery folder, or ``#id`` without a file. Never an absolute path (an item stored absolute in an index written
+        before items were always relative is held relative to its folder once read; one made absolute in memory shows
+        its file name)."""
         item = self.items[item_id]
         if isinstance(item.get("name"), str):
             return item["name"]
@@ -199,8 +207,22 @@ def _is_path(value: Any) -> bool:
     return isinstance(value, str) and value != "" and "\x00" not in value
 
 
+def _is_relative_item_path(value: Any) -> bool:
+    return _is_path(value) and not os.path.isabs(value) and ".." not in Path(value).parts
+
+
 def _is_item_path(value: Any) -> bool:
-    return value is None or (_is_path(value) and (os.path.isabs(value) or ".." not in Path(value).parts))
+    """Null, a path relative to its gallery folder without ``..``, or (an index written before that rule) absolute."""
+    return value is None or _is_relative_item_path(value) or (_is_path(value) and os.path.isabs(value))
+
+
+def _below(path: str, folder: str) -> str | None:
+    """``path`` (absolute) relative to ``folder`` (absolute) as a POSIX path when it lies strictly below it, compared
+    by name after normalising (``a/./b``, ``a/x/../b``); None when it does not."""
+    path, folder = os.path.normpath(path), os.path.normpath(folder)
+    if path == folder or os.path.commonpath([path, folder]) != folder:
+        return None
+    return Path(os.path.relpath(path, folder)).as_posix()
 
 
 MODEL_FIELDS: tuple[tuple[str, Any, str, Any], ...] = (
@@ -232,6 +254,9 @@ def _model_record(data: dict[str, Any], folder: Path, origin: str | None, full: 
 
 
 def _items(data: dict[str, Any], sources: list[str]) -> list[dict[str, Any]]:
+    """``data['items']`` checked against ``sources`` (the gallery folders, located: absolute); an item stored with an
+    absolute path (an index written before paths were relative) is kept only when it lies inside its source, and
+    then held relative to it."""
     items = _value(data, "items", "items", lambda v: isinstance(v, list), "a list of item records")
     last = f"an integer from 0 to {len(sources) - 1} (an entry of sources)" if sources else "0 (sources is empty)"
     for position, item in enumerate(items):
@@ -244,7 +269,15 @@ def _items(data: dict[str, Any], sources: list[str]) -> list[dict[str, Any]]:
         if path is None:
             _value(item, "source", f"{label}.source", lambda v: _is_int(v, 0, 1 << 31), "an integer", 0)
         else:
-            _value(item, "source", f"{label}.source", lambda v: _is_int(v, 0, len(sources) - 1), last)
+            source = _value(item, "source", f"{label}.source", lambda v: _is_int(v, 0, len(sources) - 1), last)
+            if os.path.isabs(path):
+                relative = _below(path, sources[source])
+                if relative is None:
+                    raise ManifestProblem(
+                        f"{label}.path {_shown(path)} lies outside its gallery folder sources[{source}] "
+                        f"({_shown(sources[source])}); an index serves only files inside the folders it was built "
+                        "from: rebuild it with deepmetric index")
+                item["path"] = relative
         _value(item, "name", f"{label}.name", lambda v: isinstance(v, str) and v != "", "a non-empty string", None)
     return items
 
@@ -272,9 +305,10 @@ def _manifest_from_dict(data: Any, where: Path, full_model: bool) -> IndexManife
         dim = _value(data, "embedding_dim", "embedding_dim", lambda v: _is_int(v, 1, 1 << 20), "a positive integer")
         sources = _value(data, "sources", "sources", lambda v: isinstance(v, list) and all(map(_is_path, v)),
                          "a list of folders (non-empty strings)", [])
+        sources = [located_path(s, folder, origin) for s in sources]
         manifest = IndexManifest(
             kind=kind, model=_model_record(data, folder, origin, full_model), embedding_dim=dim,
-            items=_items(data, sources), sources=[located_path(s, folder, origin) for s in sources],
+            items=_items(data, sources), sources=sources,
             generation=generation, ivf_pq=_ivf_pq(data, kind), origin=origin,
             created_at=_value(data, "created_at", "created_at", lambda v: isinstance(v, str), "a string", ""),
             updated_at=_value(data, "updated_at", "updated_at", lambda v: isinstance(v, str), "a string", ""))
