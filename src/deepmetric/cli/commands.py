@@ -276,8 +276,14 @@ def cmd_study(args: argparse.Namespace) -> int:
             raise DeepMetricError(f"study {spec.name}: {len(failing)} of {len(rows)} runs would fail: "
                                   + ", ".join(failing))
         return 0
-    paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed)
+    if args.tuning_only and spec.tune is None:
+        raise DeepMetricError(f"study {spec.name} has no tune: section; --tuning-only goes with a study that tunes")
+    paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed,
+                      tuning_only=args.tuning_only)
     say(paths["md"].read_text())
+    if args.tuning_only:
+        say(f"tuning: {paths['csv']}, {paths['md']}")
+        return 0
     say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
     if "embeddings_md" in paths:
         say(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")

@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train again the finished runs whose saved config differs from what the study file now "
                    "gives (without it the study stops and names them); their old folders are kept as "
                    "<repeat>.replaced-<time>")
+    p.add_argument("--tuning-only", action="store_true",
+                   help="with a study that tunes (tune:), run its trials and stop before the seeds (several "
+                   "processes may share the trials); without it the seeds follow once each variant's tuning ends")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "

@@ -25,6 +25,7 @@ from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .record import DamagedRecord, finished, record_run, restore_run
 from .spec import StudySpec
+from .tuning import best_values, run_tuning
 
 log = logging.getLogger("deepmetric")
 
@@ -60,13 +61,34 @@ def _set_aside(directory: Path) -> Path:
     return target
 
 
+def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, ...]) -> list[str]:
+    """With a ``tune:`` section: run the tuning (``tuning.run_tuning``), then give each variant whose trials have all
+    finished its best trial's values (``spec.tuned``); the variants still being tuned by other processes."""
+    run_tuning(spec, progress, only)
+    pending = []
+    for variant in dict.fromkeys(run.variant for run in spec.runs(only)):
+        try:
+            spec.tuned[variant] = spec.trial_layers(variant, best_values(spec, variant))[-1]
+        except ConfigError as waiting:
+            log.info("%s: its seeds wait until its tuning ends (%s)", variant, waiting)
+            pending.append(variant)
+    return pending
+
+
 def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[str, ...] = (),
-              retrain_changed: bool = False) -> dict[str, Path]:
+              retrain_changed: bool = False, tuning_only: bool = False) -> dict[str, Path]:
     """Train and evaluate each unfinished run (of the variants in ``only``, when given: the others wait for a later
     call); write ``results.csv``, ``results.md`` and ``results.png`` from every finished run of the study. A
     finished run whose saved config differs from the one the study builds now stops the study before anything is
-    trained (naming it and the settings), unless ``retrain_changed``: then it is set aside and trained again."""
-    runs = spec.runs(only)
+    trained (naming it and the settings), unless ``retrain_changed``: then it is set aside and trained again. With
+    a ``tune:`` section every variant is tuned first, and its seeds train with its best trial's values
+    (``tuning_only``: stop after the tuning)."""
+    pending: list[str] = []
+    if spec.tune is not None:
+        if tuning_only:
+            return run_tuning(spec, progress, only)
+        pending = _tuned_first(spec, progress, only)
+    runs = [run for run in spec.runs(only) if run.variant not in pending]
     changed: dict[str, list[str]] = {}
     damaged: dict[str, str] = {}
     for number, run in enumerate(runs, start=1):  # before anything trains: restore, then compare the finished runs
@@ -146,6 +168,9 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
                     "the complete results", paths["md"], len(elsewhere), ", ".join(elsewhere))
+    if pending:
+        log.warning("%s lacks the variants still being tuned by other processes (%s): run the study again once "
+                    "their tuning ends", paths["md"], ", ".join(pending))
     if failed:
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed (the others are in "
                               f"{paths['md']}): " + "; ".join(failed))

@@ -20,6 +20,10 @@ all_embeddings: true              # also `evaluate --all-embeddings` every run (
                                   #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
 compare: [gap]                    # optional: results.md also gives each variant's difference from these
                                   #   variants' means, marked where the ±1 std intervals do not overlap
+seed_validation: true             # with seeds: each seed also draws its own validation classes
+                                  #   (data.val_seed = seed; the test classes stay fixed)
+tune: {trials: 12, space: {...}}  # tune every variant first, the same budget each (search_space.py), then run
+                                  #   the seeds with each variant's best trial's values (tuning.py)
 ```
 
 A variant named in ``variants`` and the grid combine: each named variant is crossed with the grid. A variant's
@@ -43,9 +47,10 @@ from ..config import build_config, extended, load_yaml, merge_layers, nest
 from ..config.layers import read_yaml
 from ..errors import ConfigError, did_you_mean
 from ..presets import resolve as resolve_preset
+from .search_space import TuneSpec, parse_tune
 
 KEYS = ("name", "base", "out", "record", "set", "variants", "grid", "seeds", "splits", "split_fraction",
-        "all_embeddings", "compare")
+        "all_embeddings", "compare", "seed_validation", "tune")
 
 
 @dataclass
@@ -78,6 +83,12 @@ class StudySpec:
     """Where each finished run's small files are kept as well (``studies.record``), or none."""
     compare: list[str] = field(default_factory=list)
     """The reference variants each variant is set against in ``results.md`` (``aggregate.comparison``)."""
+    seed_validation: bool = False
+    """With seeds: each seed also draws its own validation classes (``data.val_seed``)."""
+    tune: TuneSpec | None = None
+    """The ``tune:`` section (``search_space``), or none."""
+    tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each tuned variant's best trial's values as a config layer (filled by the runner once its tuning is done)."""
 
     def run_dir(self, run: StudyRun) -> Path:
         """Where ``run`` trains: ``<out>/runs/<variant>/<repeat>``."""
@@ -86,6 +97,11 @@ class StudySpec:
     def record_dir(self, run: StudyRun) -> Path | None:
         """Where ``run``'s record is kept: ``<record>/<variant>/<repeat>``, or none without a record."""
         return None if self.record is None else self.record / run.variant / str(run.repeat)
+
+    def trial_layers(self, variant: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+        """The config layers of a tuning trial of ``variant``: the study's, the variant's, the command line's, then
+        the trial's ``values`` (dotted keys)."""
+        return [self.base, self.common, self.variants[variant], self.overrides, _dotted(values, "tune")]
 
     def runs(self, only: list[str] | tuple[str, ...] = ()) -> list[StudyRun]:
         """Every run (of the variants in ``only``, when given; a name that is no variant is refused), repeat by
@@ -104,8 +120,10 @@ class StudySpec:
                     per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
                 else:
                     per_repeat = {"train": {"seed": repeat}}
-                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides, self.overrides,
-                                                       per_repeat]))
+                    if self.seed_validation:
+                        per_repeat["data"] = {"val_seed": repeat}
+                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides,
+                                                       self.tuned.get(variant, {}), self.overrides, per_repeat]))
         return runs
 
 
@@ -252,11 +270,16 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
         if reference not in variants:
             raise ConfigError(f"study file {path}: 'compare' names no variant {reference!r}"
                               + variant_hint(reference, variants))
+    seed_validation = data.get("seed_validation", False)
+    if not isinstance(seed_validation, bool) or seed_validation and protocol == "splits":
+        raise ConfigError(f"study file {path}: 'seed_validation' must be true or false, and goes with seeds (splits "
+                          f"draw their own validation classes already), got {seed_validation!r}")
+    tune = parse_tune(data["tune"], path, list(variants)) if "tune" in data else None
     spec = StudySpec(name=name, base=base, out=Path(out).expanduser(),
                      common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
-                     record=record_dir, compare=compare)
+                     record=record_dir, compare=compare, seed_validation=seed_validation, tune=tune)
     failing = {}  # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
     for run in spec.runs():
         try:
@@ -266,4 +289,19 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if failing and len(failing) == len(spec.runs()):
         name, error = next(iter(failing.items()))
         raise ConfigError(f"study file {path}, run {name}: {error}")
+    if tune is not None:
+        _check_space(spec, tune, path)
     return spec
+
+
+def _check_space(spec: StudySpec, tune: TuneSpec, path: Path) -> None:
+    """Build a trial's config at each edge of every variant's space (and with every choice): a key that is no
+    setting, or a value a setting refuses, stops the study when it is loaded rather than at a trial."""
+    for variant, dimensions in tune.spaces.items():
+        for dimension in dimensions:
+            for value in dimension.bounds():
+                try:
+                    build_config(*spec.trial_layers(variant, {dimension.key: value}))
+                except ConfigError as error:
+                    raise ConfigError(f"study file {path}: tune dimension {dimension.key} = {value!r} (variant "
+                                      f"{variant!r}): {error}") from None

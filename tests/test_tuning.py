@@ -1,0 +1,171 @@
+"""Tuning studies (issue 51 item 2): the same number of Optuna TPE trials for every variant, scored on validation
+classes only, resumable from the record in a fresh checkout, and the seeds trained with each variant's best values."""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import shutil
+
+import pytest
+import yaml
+
+from deepmetric.errors import ConfigError
+from deepmetric.studies import load_study, run_study
+from deepmetric.studies.search_space import Dimension
+from deepmetric.studies.tuning import best_values, score_of, trials_of
+from deepmetric.training.run_dir import RunDir
+from helpers import tiny_config
+
+pytest.importorskip("optuna")
+
+TUNE = {"trials": 3, "seed": 7, "objective": "map@r",
+        "space": {"train.lr": {"low": "1e-4", "high": 1.0e-2, "log": True}},
+        "variants": {"abe": {"loss.regularizers.divergence.weight": {"choices": [0.1, 1.0]}}}}
+
+
+def write_study(tmp_path, name="tiny", **extra):
+    base = tiny_config(train={"steps": 2}).to_dict()
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    study = {"name": name, "base": "base.yaml", "out": str(tmp_path / "out"), "record": str(tmp_path / "record"),
+             "set": {"train.steps": 2, "train.eval_every": 1, "train.checkpoint_every": 1,
+                     "data.val_fraction": 0.4},
+             "variants": {"gap": {}, "abe": {"model.head": "abe", "model.head_options": {"num_learners": 2}}},
+             "tune": TUNE, **extra}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp_path / "study.yaml"
+
+
+def test_the_tune_section_is_checked_when_the_study_is_loaded(tmp_path):
+    spec = load_study(write_study(tmp_path))
+    assert spec.tune.trials == 3 and spec.tune.objective == "map@r"
+    assert [d.key for d in spec.tune.spaces["gap"]] == ["train.lr"]
+    assert [d.key for d in spec.tune.spaces["abe"]] == ["train.lr", "loss.regularizers.divergence.weight"]
+    assert spec.tune.spaces["gap"][0] == Dimension("train.lr", low=1e-4, high=1e-2, log=True)  # "1e-4": a number
+    bad = {
+        "trials": ({**TUNE, "trials": 0}, "tune.trials must be a whole number"),
+        "objective": ({**TUNE, "objective": "recall@2"}, "tune.objective must be one of recall@1, map@r"),
+        "order": ({**TUNE, "space": {"train.lr": {"low": 1.0, "high": 0.1}}}, "low < high"),
+        "log": ({**TUNE, "space": {"train.lr": {"low": 0.0, "high": 0.1, "log": True}}}, "log scale needs low > 0"),
+        "key": ({**TUNE, "space": {"train.lr": {"low": 0.1, "hihg": 0.2}}}, "unknown key 'hihg'"),
+        "variant": ({**TUNE, "variants": {"dgml": {}}}, "names no variant 'dgml'"),
+        "twice": ({**TUNE, "variants": {"abe": {"train.lr": {"choices": [0.1]}}}}, "searches train.lr twice"),
+        "setting": ({**TUNE, "space": {"train.lrr": {"low": 0.1, "high": 0.2}}}, "tune dimension train.lrr"),
+        "value": ({**TUNE, "space": {"train.steps": {"low": -3, "high": 2}}}, "tune dimension train.steps = -3"),
+        "unknown": ({**TUNE, "trails": 3}, "unknown key 'trails'"),
+    }
+    for name, (tune, message) in bad.items():
+        with pytest.raises(ConfigError, match=message):
+            load_study(write_study(tmp_path, tune=tune))
+        assert not (tmp_path / "out").exists(), name
+
+
+def test_every_variant_gets_the_same_trials_scored_on_validation_and_the_seeds_use_the_best(tmp_path):
+    spec = load_study(write_study(tmp_path, seeds=[0, 1], seed_validation=True))
+    paths = run_study(spec, progress=False)
+    for variant in ("gap", "abe"):
+        trials = trials_of(spec, variant)
+        assert [t.number for t in trials] == [0, 1, 2]
+        assert len({t.values["train.lr"] for t in trials}) == 3
+        for trial in trials:  # the score is the objective at the selected validation checkpoint, never a test figure
+            folder = RunDir(tmp_path / "out" / "trials" / variant / str(trial.number))
+            assert not folder.test_metrics.exists()
+            assert score_of(folder, "map@r") == (trial.score, trial.step, trial.validation)
+            assert trial.score == trial.validation["map@r"]
+            assert (tmp_path / "record" / "trials" / variant / str(trial.number) / "trial.json").is_file()
+        best = max(trials, key=lambda t: (t.score, -t.number))
+        assert best_values(spec, variant) == best.values
+        for seed in (0, 1):  # the seeds train with the best trial's values, each drawing its validation classes
+            config = yaml.safe_load((tmp_path / "out" / "runs" / variant / str(seed) / "config.yaml").read_text())
+            assert config["train"]["lr"] == pytest.approx(best.values["train.lr"])
+            assert config["data"]["val_seed"] == seed and config["train"]["seed"] == seed
+    rows = list(csv.DictReader((tmp_path / "record" / "tuning.csv").open()))
+    assert [(r["variant"], r["trial"]) for r in rows] == [(v, str(n)) for v in spec.variants for n in range(3)]
+    table = (tmp_path / "record" / "tuning.md").read_text()
+    assert "| gap | 3 of 3 |" in table and "| abe | 3 of 3 |" in table and "train.lr [0.0001, 0.01, log]" in table
+    assert paths["md"].is_file()
+
+
+def optuna_trials(tmp_path, variant):
+    import optuna
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(tmp_path / "record" / "tuning.journal")))
+    return optuna.load_study(study_name=f"tiny/{variant}", storage=storage).trials
+
+
+def test_a_study_cut_mid_trial_goes_on_in_a_fresh_checkout_from_its_record(tmp_path, monkeypatch):
+    """A session ends during trial 1: the journal (in the record) holds it as running and nothing holds its folder.
+    A fresh checkout (the runs folder gone) trains that trial again with the same values and then the rest: each
+    variant ends with exactly its budget."""
+    import deepmetric.studies.tuning as tuning
+
+    spec = load_study(write_study(tmp_path))
+    real = tuning._train_trial
+    calls = []
+
+    def cut_at_second(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the session's end
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "_train_trial", cut_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(spec, progress=False, tuning_only=True)
+    assert len(trials_of(spec, "abe")) == 1 and not trials_of(spec, "gap")  # abe comes first (the file's order)
+    cut = {t.number: (t.state.name, t.params) for t in optuna_trials(tmp_path, "abe")}
+    assert cut[1][0] == "RUNNING"  # the journal (in the record) keeps what trial 1 was given
+    shutil.rmtree(tmp_path / "out")  # a fresh checkout: only the record is left
+    monkeypatch.setattr(tuning, "_train_trial", real)
+    spec = load_study(write_study(tmp_path))
+    run_study(spec, progress=False, tuning_only=True)
+    assert [t.number for t in trials_of(spec, "gap")] == [0, 1, 2]
+    assert [t.number for t in trials_of(spec, "abe")] == [0, 1, 2]
+    for variant in ("gap", "abe"):
+        trials = optuna_trials(tmp_path, variant)
+        assert [t.state.name for t in trials] == ["COMPLETE"] * 3, variant
+        assert {t.number: t.params for t in trials} == {t.number: t.values for t in trials_of(spec, variant)}
+    assert optuna_trials(tmp_path, "abe")[1].params == cut[1][1]  # trained again with the same values
+
+
+def _tune_in_process(path):
+    from deepmetric.studies import load_study, run_study
+
+    run_study(load_study(path), progress=False, tuning_only=True)
+
+
+def test_two_processes_share_the_trials_and_no_variant_runs_over_its_budget(tmp_path):
+    path = write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}})
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_tune_in_process, args=(path,)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(300)
+        assert worker.exitcode == 0
+    spec = load_study(path)
+    assert [t.number for t in trials_of(spec, "gap")] == [0, 1, 2]
+    assert not (tmp_path / "out" / "trials" / "gap" / "3").exists()
+
+
+def test_a_diverging_trial_counts_with_what_it_reached(tmp_path, monkeypatch):
+    import deepmetric.studies.tuning as tuning
+    from deepmetric.errors import TrainingError
+
+    def diverge(config, out, resume=False, progress=True):
+        RunDir(out).path.mkdir(parents=True, exist_ok=True)
+        raise TrainingError("step 1: the loss term 'total' is nan; training stopped (…).")
+
+    monkeypatch.setattr(tuning, "train", diverge)
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+    paths = run_study(spec, progress=False, tuning_only=True)
+    trials = trials_of(spec, "gap")
+    assert [t.score for t in trials] == [0.0, 0.0, 0.0] and all("nan" in t.failed for t in trials)
+    assert "3 of 3 (3 diverged)" in paths["md"].read_text()
+
+
+def test_the_seeds_of_a_variant_wait_for_its_tuning(tmp_path):
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+    with pytest.raises(ConfigError, match=r"variant 'gap' has 0 of its 3 trials: finish them first"):
+        best_values(spec, "gap")
