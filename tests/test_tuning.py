@@ -169,3 +169,14 @@ def test_the_seeds_of_a_variant_wait_for_its_tuning(tmp_path):
     spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
     with pytest.raises(ConfigError, match=r"variant 'gap' has 0 of its 3 trials: finish them first"):
         best_values(spec, "gap")
+
+
+def test_the_dry_run_says_how_far_the_tuning_is_and_builds_tuned_variants_with_their_best_values(tmp_path):
+    from deepmetric.studies.dry_run import dry_run, format_dry_run
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+    assert "tuned first, 3 trials a variant (gap 0 of 3)" in format_dry_run(spec, dry_run(spec))
+    run_study(spec, progress=False, tuning_only=True)
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+    text = format_dry_run(spec, dry_run(spec))
+    assert "(gap 3 of 3)" in text and f"train.lr={best_values(spec, 'gap')['train.lr']}" in text.replace(" ", "")

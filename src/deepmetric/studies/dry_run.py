@@ -14,6 +14,7 @@ machines) says where it stands: ``finished``, ``recorded`` (in the record, resto
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 from ..config import build_config
 from ..data import check_data_path
-from ..errors import DeepMetricError
+from ..errors import ConfigError, DeepMetricError
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir
 from .record import finished, recorded
@@ -116,7 +117,14 @@ def run_state(folder: RunDir, record: Path | None, steps: int) -> tuple[str, str
 
 def dry_run(spec: StudySpec, only: list[str] | tuple[str, ...] = ()) -> list[DryRunRow]:
     """Build every run of ``spec`` (of the variants in ``only``, when given: those a study run with ``--only``
-    trains; see the module docstring); a row per run, in the order the study runs them."""
+    trains; see the module docstring); a row per run, in the order the study runs them. A variant whose tuning
+    has ended is built with its best trial's values, as the study would train it."""
+    if spec.tune is not None:
+        from .tuning import best_values
+
+        for variant in dict.fromkeys(run.variant for run in spec.runs(only)):
+            with contextlib.suppress(ConfigError):  # still being tuned: built with its own settings
+                spec.tuned[variant] = spec.trial_layers(variant, best_values(spec, variant))[-1]
     rows, built = [], {}
     for run in spec.runs(only):
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
@@ -149,6 +157,13 @@ def format_dry_run(spec: StudySpec, rows: list[DryRunRow]) -> str:
     counts = Counter(row.state for row in rows)
     states = ", ".join(f"{counts[state]} {state}" for state in STATES if counts[state])
     lines = [f"study {spec.name}: {len(rows)} runs into {spec.out} ({states})"]
+    if spec.tune is not None:
+        from .tuning import trials_of
+
+        variants = dict.fromkeys(row.run for row in rows)
+        done = ", ".join(f"{v} {len(trials_of(spec, v))} of {spec.tune.trials}" for v in variants)
+        lines.append(f"  tuned first, {spec.tune.trials} trials a variant ({done}); a variant whose tuning has ended "
+                     "is built with its best values")
     for row in rows:
         state = row.state + (f": {row.progress}" if row.progress else "")
         lines.append(f"  {row.run} / {row.repeat} [{state}]: {row.settings}\n      {row.outcome}")
