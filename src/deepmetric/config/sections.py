@@ -132,6 +132,10 @@ class TrainConfig:
     faster than float32 on CPU (docs/benchmarks.md), meant for GPUs."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
+    compile: bool = False
+    """Compile the training step's forward and backward with ``torch.compile`` (``training.compiled``): the same
+    losses up to float, minutes of compiling first; falls back to eager in one warning where the model cannot be
+    compiled. Checkpoints, resume, evaluation and export are unaffected."""
     tensorboard: bool = False
     """Also write the log's scalars (loss terms, learning rates, images/s, validation metrics) as TensorBoard event
     files to ``RUN/tensorboard/`` (the extra ``deepmetric[tensorboard]``)."""

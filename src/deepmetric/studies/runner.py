@@ -30,11 +30,11 @@ from .tuning import best_values, run_tuning
 log = logging.getLogger("deepmetric")
 
 NOT_COMPARED = ("data.num_workers", "data.pin_memory", "train.threads", "train.device", "train.tensorboard",
-                "eval.batch_size", "eval.report")
+                "train.compile", "eval.batch_size", "eval.report")
 """Settings that cannot change what a finished run measured (loader processes, threads, which CPU or GPU it ran
-on, evaluation batch size, the report page): a finished run whose saved config differs from the study's only in
-these is still reused. ``train.device`` is here so that one study runs on several GPUs (a process each, with
-``train.device=cuda:N``) and across machines; each run's ``environment.json`` names its device."""
+on, compiled or not, evaluation batch size, the report page): a finished run whose saved config differs from the
+study's only in these is still reused. ``train.device`` is here so that one study runs on several GPUs (a process
+each, with ``train.device=cuda:N``) and across machines; each run's ``environment.json`` names its device."""
 
 
 def changed_settings(folder: RunDir, config: RunConfig) -> list[str]:

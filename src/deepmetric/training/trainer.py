@@ -40,6 +40,7 @@ from ..models.backbones import check_backbone_exists
 from ..progress import progress_bar
 from ..provenance import environment
 from .checkpoint import load_checkpoint, save_checkpoint
+from .compiled import training_forward
 from .optim import apply_schedule, build_optimizer
 from .run_dir import RunDir
 from .scalars import TensorBoardScalars
@@ -386,6 +387,7 @@ def _loop(session: Session) -> TrainResult:
         trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.index
                                                             is not None else None)
         trained.register_comm_hook(None, sum_gradients)
+    forward = training_forward(trained, t.compile)
     d = config.data
     dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
                            labels=np.searchsorted(session.classes, session.train_part.labels))
@@ -405,7 +407,7 @@ def _loop(session: Session) -> TrainResult:
             apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
             objective.set_step(step)
             with autocast:
-                output = trained(images)
+                output = forward(images)
             if t.amp:
                 output = output.float()  # the objective computes in float32 (HeadOutput.float)
             if context.enabled:  # the objective sees the whole global batch, on every rank
