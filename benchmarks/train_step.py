@@ -4,10 +4,12 @@ precision (float32 vs ``train.amp``: forward under bfloat16 autocast, as the tra
 The set-ups run in the same process on the same batch (already on the device), interleaved, and the ratios of
 their median times to contiguous float32 are reported (machines here are noisy; only ratios within one run are
 compared). On a GPU each step is timed from an idle device to the end of its queued work. ``--compile`` adds
-``torch.compile`` of the model for the channels-last set-ups (its compilation happens in the warm-up rounds).
+the channels-last set-ups compiled as ``train.compile`` compiles them (``training.compiled.CompiledForward``; its
+compilation happens in the warm-up rounds, and a fallback to eager is reported as a failure). ``--head`` measures
+another head with its default options (``--head-options`` as JSON), to decide ``train.compile`` head by head.
 
-    .venv/bin/python benchmarks/train_step.py [--backbone lite0] [--size 64] [--batch 64] [--repeats 8] \
-        [--device cpu|cuda] [--compile]
+    .venv/bin/python benchmarks/train_step.py [--backbone lite0] [--head gap] [--size 64] [--batch 64] \
+        [--repeats 8] [--device cpu|cuda] [--compile]
 
 Prints a table and writes benchmarks/results/train_step.json.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from _results import environment, timed, write_result
 from deepmetric import create_model
 from deepmetric.hardware import cpu_info
 from deepmetric.losses import BinomialDevianceLoss
+from deepmetric.training.compiled import CompiledForward
 
 SETUPS = {  # name: (channels_last, amp, compiled)
     "contiguous fp32": (False, False, False),
@@ -51,6 +55,8 @@ def train_step(model, images, labels, loss_fn, optimizer, amp: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", default="lite0")
+    parser.add_argument("--head", default="gap")
+    parser.add_argument("--head-options", default="{}", help="the head's options as JSON, e.g. '{\"num_learners\": 8}'")
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=8)
@@ -68,15 +74,18 @@ def main() -> None:
     models, failed = {}, {}
     for name, (channels_last, _, compiled) in setups.items():
         torch.manual_seed(0)
-        model = create_model(args.backbone, pretrained=args.backbone == "lite0").to(device)
+        model = create_model(args.backbone, head=args.head, pretrained=args.backbone == "lite0",
+                             **json.loads(args.head_options)).to(device)
         model.set_channels_last(channels_last)
-        models[name] = (torch.compile(model) if compiled else model, torch.optim.Adam(model.parameters(), 1e-5))
+        models[name] = (CompiledForward(model) if compiled else model, torch.optim.Adam(model.parameters(), 1e-5))
     times: dict[str, list[float]] = {name: [] for name in setups}
     for repeat in range(args.repeats + 2):  # two warm-up rounds, set-ups interleaved
         for name, (model, optimizer) in list(models.items()):
             try:
                 step = functools.partial(train_step, model, images, labels, loss_fn, optimizer, amp=setups[name][1])
                 elapsed = timed(step, device)
+                if isinstance(model, CompiledForward) and not model.active:
+                    raise RuntimeError("torch.compile failed: train.compile fell back to eager (see the warning)")
             except Exception as error:  # noqa: BLE001  (torch.compile may fail on a machine: record why, go on)
                 failed[name] = f"{type(error).__name__}: {str(error)[:300]}"
                 del models[name], times[name]
@@ -87,7 +96,8 @@ def main() -> None:
     reference = median["contiguous fp32"]
     flags = cpu_info("flags").split()
     result = {
-        "benchmark": "train_step", "backbone": args.backbone, "image_size": args.size, "batch": args.batch,
+        "benchmark": "train_step", "backbone": args.backbone, "head": args.head,
+        "head_options": json.loads(args.head_options), "image_size": args.size, "batch": args.batch,
         "repeats": args.repeats, **environment(device), "failed": failed,
         "cpu_bf16_instructions": [f for f in ("avx512_bf16", "amx_bf16") if f in flags],
         "median_seconds": median,
