@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -248,6 +249,33 @@ def test_machine_readable_output_is_strict_json_with_null_for_an_undefined_metri
     from deepmetric.io import to_json
 
     assert strict_json(to_json({"a": float("nan"), "b": [float("inf"), 1.5]})) == {"a": None, "b": [None, 1.5]}
+
+
+def test_evaluating_a_run_on_another_data_set_keeps_the_runs_own_record(tmp_path, capsys, caplog):
+    """Issue 53 item 5: ``evaluate RUN --data OTHER`` overwrote ``RUN/metrics.json``, the run's own test figures,
+    with the other data set's. They go to ``RUN/metrics-on-<data>.json``; the run's own spec still writes
+    ``metrics.json``."""
+    from PIL import Image
+
+    out_dir = tmp_path / "run"
+    assert run(capsys, "train", *TINY, "--out", str(out_dir), "eval.report=false")[0] == 0
+    own = (out_dir / "metrics.json").read_bytes()
+    other = tmp_path / "my icons"
+    rng = np.random.default_rng(0)
+    for label in range(4):
+        for number in range(3):
+            (other / f"c{label}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(other / f"c{label}/{number}.png")
+    spec = f"folder:{other}"
+    caplog.set_level(logging.INFO, logger="deepmetric")
+    code, out, err = run(capsys, "evaluate", str(out_dir), "--data", spec, "--quiet")
+    assert code == 0 and (out_dir / "metrics.json").read_bytes() == own
+    written = [p for p in out_dir.iterdir() if p.name.startswith("metrics-on-")]
+    assert len(written) == 1 and " " not in written[0].name and written[0].name.startswith("metrics-on-folder-")
+    assert json.loads(written[0].read_text())["data"] == spec and written[0].name in caplog.text
+    assert run(capsys, "evaluate", str(out_dir), "--data", "digits", "--quiet")[0] == 0  # its own: metrics.json
+    assert json.loads((out_dir / "metrics.json").read_text())["data"] == "digits"
+    assert len([p for p in out_dir.iterdir() if p.name.startswith("metrics-on-")]) == 1
 
 
 def test_evaluating_last_keeps_the_chosen_checkpoints_metrics(tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,8 @@ from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
 from .training.setup import load_table, resolve_device
 
+log = logging.getLogger("deepmetric")
+
 
 @contextlib.contextmanager
 def held_for_evaluation(run: RunDir) -> Iterator[None]:
@@ -47,7 +50,8 @@ def held_for_evaluation(run: RunDir) -> Iterator[None]:
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
                  progress: bool = True) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the test split; writes and returns the record of ``RUN/metrics.json`` (the
-    run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``."""
+    run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``; on another data set
+    (``data_spec`` not the run's own), of ``RUN/metrics-on-<data>.json`` (``RunDir.test_metrics_of``)."""
     return evaluate_run_embeddings(run_dir, data_spec, which, progress)[0]
 
 
@@ -57,6 +61,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     report of the same checkpoint need not embed the split again."""
     run = RunDir(run_dir)
     config = run.config()
+    other_data = data_spec if data_spec and data_spec != config.data.spec else None
     if data_spec:
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
@@ -71,7 +76,11 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
                                 config.eval.engine, progress)
         record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
-        atomic_write_text(run.test_metrics_of(checkpoint), to_json(record, indent=2))
+        target = run.test_metrics_of(checkpoint, other_data)
+        atomic_write_text(target, to_json(record, indent=2))
+        if other_data is not None:
+            log.info("%s is not the run's own data set: its figures are in %s (%s keeps the run's own)", other_data,
+                     target, run.test_metrics_of(checkpoint).name)
     return record, embeddings
 
 

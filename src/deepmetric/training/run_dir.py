@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
+import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,17 @@ FREE_ON_RESUME = ("model.weights", "model.trust_pickle", "model.pretrained")
 _HELD_HERE: set[str] = set()
 """Run folders this process holds through ``RunDir.holding`` (real paths): a claim on one of them nests, where flock
 would refuse a second open file of the same process."""
+
+
+def data_slug(spec: str) -> str:
+    """A file-name part for a data spec: ``emoji`` as it is, ``folder:/data/icons`` as ``folder-data-icons``;
+    letters, digits, ``.``, ``_`` and ``-`` only, at most 69 characters, with a digest of the spec where other
+    characters were replaced or the name cut (``folder:/data/my icons``: ``folder-data-my_icons-<8 hex>``)."""
+    readable = re.sub(r"[:/]+", "-", spec)
+    text = re.sub(r"[^A-Za-z0-9._-]+", "_", readable).strip("-_.") or "data"
+    if text != readable or len(text) > 80:  # characters were replaced or cut: a digest keeps two specs apart
+        text = f"{text[:60]}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+    return text
 
 
 def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -158,10 +171,15 @@ class RunDir:
         """The test metrics of ``last`` when the run also has a ``best`` (``evaluate --checkpoint last``)."""
         return self.path / "metrics-last.json"
 
-    def test_metrics_of(self, checkpoint: Path) -> Path:
+    def test_metrics_of(self, checkpoint: Path, other_data: str | None = None) -> Path:
         """Where the test metrics of ``checkpoint`` go: ``metrics.json`` for the chosen one, ``metrics-last.json``
-        for ``last`` beside a ``best`` (it overwrote the chosen checkpoint's file)."""
-        return self.last_test_metrics if checkpoint == self.last and self.best.is_file() else self.test_metrics
+        for ``last`` beside a ``best`` (it overwrote the chosen checkpoint's file); on ``other_data``, a data set
+        that is not the run's own, ``metrics-on-<data>[-last].json``: the run's own record is never replaced by
+        another data set's figures."""
+        own = self.last_test_metrics if checkpoint == self.last and self.best.is_file() else self.test_metrics
+        if other_data is None:
+            return own
+        return own.with_name(f"metrics-on-{data_slug(other_data)}{own.name.removeprefix('metrics')}")
 
     @property
     def all_embeddings_metrics(self) -> Path:
