@@ -264,6 +264,26 @@ def test_unknown_spec_and_missing_path():
         load_dataset("sop")
 
 
+def test_a_path_given_without_its_kind_says_which_spec_reads_it(tmp_path, monkeypatch, capsys):
+    """Issue 53 item 2: ``--data icons/`` (``folder:`` forgotten) said "unknown data set 'icons/' (did you mean
+    'inshop'?)"; a folder is answered with ``folder:icons/``, a CSV file with ``csv:``."""
+    from deepmetric.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-icons" / "printer").mkdir(parents=True)
+    (tmp_path / "labels.csv").write_text("path,label,split\n")
+    with pytest.raises(DataError, match=r"^unknown data set 'my-icons/': my-icons/ is a folder; .* give --data "
+                                        r"folder:my-icons/$"):
+        load_dataset("my-icons/")
+    with pytest.raises(DataError, match=r"labels.csv is a CSV file; .* give --data csv:labels.csv$"):
+        load_dataset("labels.csv")
+    assert main(["train", "--data", "my-icons", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "give --data folder:my-icons" in err and "did you mean" not in err and not (tmp_path / "run").exists()
+    with pytest.raises(DataError, match="did you mean 'cub'"):  # a name that is no path: the nearest name
+        load_dataset("cubb")
+
+
 def test_validation_split_is_class_disjoint_and_seeded():
     table = load_dataset("digits", val_fraction=0.4, val_seed=3)  # 2 of the 5 training digits
     val, train = set(table.classes("val")), set(table.classes("train"))

@@ -334,11 +334,36 @@ def test_a_run_folder_is_held_by_one_training_at_a_time(tmp_path):
     assert run.last.is_file()
 
 
+def test_a_small_data_set_is_refused_once_naming_every_setting_to_change(tmp_path):
+    """Issue 53 item 3: a small folder was refused one setting at a time (first the validation share, then the
+    batch), and the second message named no key. One message names both keys, each with a value that fits."""
+    from deepmetric.errors import DeepMetricError
+
+    # digits: 5 training classes; 40% validate (2), leaving 3 for a batch of 4 classes
+    both = tiny_config(train={"steps": 1}, data={"classes_per_batch": 4, "val_fraction": 0.1})
+    with pytest.raises(DeepMetricError) as caught:
+        train(both, tmp_path / "a", progress=False)
+    message = str(caught.value)
+    assert "data.val_fraction=0.1 of its 5 training classes leaves 0 validation" in message
+    assert "set data.val_fraction=0 (no validation: the last step is kept) or at least 0.4" in message
+    assert "data.classes_per_batch=4" not in message  # 5 training classes hold a batch of 4 without validation
+    batch = tiny_config(train={"steps": 1}, data={"classes_per_batch": 4, "val_fraction": 0.4})
+    with pytest.raises(DeepMetricError, match=r"data.classes_per_batch=4 \(P of a P x K batch\) needs 4 classes with "
+                                              r"at least 2 images, 3 are left for training: set "
+                                              r"data.classes_per_batch=3 or fewer or a smaller data.val_fraction$"):
+        train(batch, tmp_path / "b", progress=False)
+    both = tiny_config(train={"steps": 1}, data={"classes_per_batch": 6, "val_fraction": 0.9})
+    with pytest.raises(DeepMetricError, match=r"val_fraction=0.9 .*; data.classes_per_batch=6 .* 5 are in the "
+                                              r"training split: set data.classes_per_batch=5 or fewer$"):
+        train(both, tmp_path / "c", progress=False)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_failed_start_is_refused_before_any_write_and_a_folder_without_checkpoint_starts_afresh(tmp_path):
     from deepmetric.errors import DeepMetricError
 
     too_few = tiny_config(train={"steps": 1}, data={"classes_per_batch": 50})  # more classes than the data has
-    with pytest.raises(DeepMetricError, match="a P x K batch needs 50 classes"):
+    with pytest.raises(DeepMetricError, match="data.classes_per_batch=50 .P of a P x K batch. needs 50 classes"):
         train(too_few, tmp_path / "runs" / "new", progress=False)
     assert not (tmp_path / "runs").exists()  # the sampler is checked before the first write
     run = RunDir(tmp_path / "stopped")

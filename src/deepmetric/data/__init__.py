@@ -95,12 +95,31 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     given one (``digits:/data``), is refused."""
     name, _, path = spec.partition(":")
     name = name.strip().lower()
+    if name not in DATASETS:
+        _refuse_a_bare_path(spec)
     if needs_path(name) and not path:
         how = manual_download(name)
         raise DataError(f"data set '{name}' needs a path: {name}:PATH" + (f". {how}" if how else ""))
     if path and not takes_path(name):
         raise DataError(f"data set '{name}' reads no path (it is built in): give '{name}', not '{spec}'")
     return name, (os.path.expanduser(path) if path else None)
+
+
+def _refuse_a_bare_path(spec: str) -> None:
+    """A spec that is no data set's name but a path that exists (``--data icons/``, ``--data labels.csv``: the
+    ``folder:`` or ``csv:`` forgotten) is refused saying which spec reads it, rather than suggesting the nearest
+    data set's name."""
+    given = os.path.expanduser(spec)
+    try:
+        is_folder, is_file = os.path.isdir(given), os.path.isfile(given)
+    except (OSError, ValueError):
+        return
+    if is_folder:
+        raise DataError(f"unknown data set '{spec}': {spec} is a folder; to train on its class sub-folders "
+                        f"(FOLDER/<class>/<image>) give --data folder:{spec}")
+    if is_file and given.lower().endswith(".csv"):
+        raise DataError(f"unknown data set '{spec}': {spec} is a CSV file; to read it (columns path, label, split) "
+                        f"give --data csv:{spec}")
 
 
 def check_data_path(spec: str) -> None:

@@ -41,7 +41,8 @@ class PKSampler:
         classes = classes[counts >= 2]
         if len(classes) < classes_per_batch:
             raise DataError(f"a P x K batch needs {classes_per_batch} classes with at least 2 images each, "
-                            f"but the training split has {len(classes)}")
+                            f"but the training split has {len(classes)}: set data.classes_per_batch="
+                            f"{max(len(classes), 2)} or fewer")
         batch = classes_per_batch * samples_per_class
         if batch % world_size:
             raise DataError(f"the global batch of {batch} images does not split evenly over {world_size} ranks")
