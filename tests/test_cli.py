@@ -251,6 +251,23 @@ def test_machine_readable_output_is_strict_json_with_null_for_an_undefined_metri
     assert strict_json(to_json({"a": float("nan"), "b": [float("inf"), 1.5]})) == {"a": None, "b": [None, 1.5]}
 
 
+def test_no_test_evaluates_nothing_on_the_test_split_and_a_resume_says_its_steps_once(tmp_path, capsys, caplog):
+    """Issue 53 items 4 and 10: ``--no-test`` with ``eval.baseline: true`` (demo-emoji) still evaluated the untrained
+    backbone on the test split (23 s, never shown); a resumed run said its step twice and "trained 320 steps" after
+    20."""
+    out_dir = tmp_path / "run"
+    caplog.set_level(logging.INFO, logger="deepmetric")
+    code, out, _ = run(capsys, "train", *TINY, "--out", str(out_dir), "eval.baseline=true", "--no-test")
+    assert code == 0 and not (out_dir / "baseline.json").exists() and not (out_dir / "metrics.json").exists()
+    assert "evaluating the untrained backbone" not in caplog.text and "trained 4 steps in" in out
+    caplog.clear()
+    code, out, _ = run(capsys, "train", "--resume", "--out", str(out_dir), "train.steps=6", "--no-test")
+    assert code == 0 and "trained 2 steps (steps 5-6, resumed) in" in out
+    assert caplog.text.count("step 4") == 1  # "run directory … (resuming after step 4)", once
+    code, out, _ = run(capsys, "train", "--resume", "--out", str(out_dir), "--no-test")
+    assert code == 0 and f"nothing to train: {out_dir} had reached step 6 of 6" in out
+
+
 def test_evaluating_a_run_on_another_data_set_keeps_the_runs_own_record(tmp_path, capsys, caplog):
     """Issue 53 item 5: ``evaluate RUN --data OTHER`` overwrote ``RUN/metrics.json``, the run's own test figures,
     with the other data set's. They go to ``RUN/metrics-on-<data>.json``; the run's own spec still writes

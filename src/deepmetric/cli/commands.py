@@ -124,6 +124,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.regularizer:
         add_regularizers(config, args.regularizer)
+    if args.no_test and config.eval.baseline:  # the untrained backbone's test figures would be computed, never shown
+        config.eval.baseline = False
     out = Path(args.out) if args.out else Path("runs") / default_run_name(config)
     if args.nproc > 1:
         from ..training.launch import launch
@@ -134,7 +136,12 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
     else:
         result = train(config, out, resume=args.resume, progress=not args.quiet)
-        say(f"trained {result.steps} steps in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
+        done = result.steps - result.start_step
+        if done <= 0:
+            say(f"nothing to train: {result.run_dir} had reached step {result.start_step} of {result.steps}")
+        else:
+            resumed = f" (steps {result.start_step + 1}-{result.steps}, resumed)" if result.start_step else ""
+            say(f"trained {done} steps{resumed} in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
             say(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
     from ..distributed import rank_from_env

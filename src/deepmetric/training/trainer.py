@@ -57,6 +57,8 @@ class TrainResult:
     best_step: int | None
     best_score: float | None
     seconds: float
+    start_step: int = 0
+    """The step this session started from (0, or the checkpoint's step when resumed)."""
 
 
 def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir,
@@ -322,9 +324,8 @@ def _first_writes(session: Session, bad_items: list[Any]) -> None:
     environment, the untrained baseline; a resumed run's log loses the steps after its checkpoint."""
     config, run, context = session.config, session.run, session.context
     if context.is_main:
-        if session.start_step:
+        if session.start_step:  # (the step it resumes from is said once, with the run directory)
             run.truncate_log(session.start_step)  # a killed run may have logged steps after its last checkpoint
-            log.info("resuming %s from step %d", run.path, session.start_step)
         if bad_items:
             atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
             log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
@@ -458,4 +459,4 @@ def _loop(session: Session) -> TrainResult:
         _generator_diagnostics(run, config, model, generator, session.train_part, session.classes, device)
     context.barrier()
     best = session.best
-    return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started)
+    return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started, start_step)
