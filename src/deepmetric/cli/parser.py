@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train again the finished runs whose saved config differs from what the study file now "
                    "gives (without it the study stops and names them); their old folders are kept as "
                    "<repeat>.replaced-<time>")
+    p.add_argument("--verify", action="store_true",
+                   help="train nothing: check the study's record (its MANIFEST.sha256 hashes, each run's files, each "
+                   "run's per-query results against its metrics.json) and recompute every figure of the tables kept "
+                   "in it; exit 1 with one line per problem")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "
