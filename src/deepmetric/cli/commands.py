@@ -297,8 +297,8 @@ def _verify_study(spec: Any) -> int:
     say(found.summary(spec))
     for note in found.notes:
         say(f"note: {note}")
-    for problem in found.problems:
-        print(f"error: {printable(problem)}", file=sys.stderr)
+    for problem in found.problems:  # on stderr, escaped, as main's one error line
+        sys.stderr.write(f"error: {printable(problem)}\n")
     return 1 if found.problems else 0
 
 
