@@ -132,8 +132,9 @@ def _check_runs(spec: StudySpec, found: Verification) -> None:
     found.checked["runs"] = runs
     if without:
         found.notes.append(f"per-query checks unavailable for {len(without)} of {runs} recorded runs (recorded before "
-                           f"runs kept per-query results: {', '.join(without)}): their metrics.json figures are "
-                           "checked against the tables and the manifest only, and they have no bootstrap")
+                           f"runs kept per-query results: {', '.join(without)}): their files are checked against the "
+                           "manifest and their metrics.json figures against the tables (where the record holds them), "
+                           "and they have no bootstrap")
     if missing:
         found.notes.append(f"{len(missing)} run(s) of the study are not recorded: {', '.join(missing)}")
 
