@@ -159,16 +159,16 @@ def test_recording_a_retrained_run_replaces_its_record_instead_of_merging(study,
     the new run's config, and a fresh checkout restored that mixture. Recording a run replaces its record folder."""
     record = tmp_path / "record/gap/0"
     (record / "metrics-last.json").write_text((record / "metrics.json").read_text())  # the old run's, say
+    (record / "notes.txt").write_text("mine")  # not deepmetric's: kept, never deleted
     run_study(load_study(study), progress=False)
     assert (tmp_path / "out/runs/gap/0/metrics-last.json").is_file()  # restored with the run
     changed = write_study(tmp_path, set={"train.steps": 3}, seeds=[0], variants={"gap": {}}, compare=[])
     run_study(load_study(changed), progress=False, retrain_changed=True)
     assert yaml.safe_load((record / "config.yaml").read_text())["train"]["steps"] == 3
     assert not (record / "metrics-last.json").exists()  # the new run has none: nor has its record
-    assert sorted(p.name for p in record.iterdir()) == sorted(p.name for p in (tmp_path / "out/runs/gap/0").iterdir()
-                                                              if p.name in {"config.yaml", "metrics.json",
-                                                                            "metrics.jsonl", "environment.json",
-                                                                            "per-query.npz"})
+    assert sorted(p.name for p in record.iterdir()) == ["config.yaml", "environment.json", "metrics.json",
+                                                        "metrics.jsonl", "notes.txt", "per-query.npz"]
+    assert (record / "notes.txt").read_text() == "mine"
     assert not [p for p in record.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 

@@ -196,14 +196,21 @@ def _same_contents(record: Path, files: dict[str, bytes]) -> int:
 
 
 def record_run(run: RunDir, record: Path, root: Path | None = None) -> int:
-    """Make ``record`` hold ``run``'s recorded files and nothing else (``io.replace_folder``: in one step, so a
-    replaced run's files never stay beside the new run's); the number of files that changed (0: nothing written).
+    """Make ``record`` hold ``run``'s recorded files (``RECORDED``) and no others of those names (``io.replace_folder``:
+    in one step, so a replaced run's files never stay beside the new run's); a file of another name that someone put
+    there is kept; the number of files that changed (0: nothing written).
     A run without sound test metrics (unfinished) is not recorded. ``root`` is the study's record folder: a
     symbolic link between it and ``record``, or in ``record``, is refused (``refuse_links``)."""
     if not finished(run):
         return 0
     refuse_links(record.parent.parent if root is None else root, record)
     files = {name: (run.path / name).read_bytes() for name in RECORDED if (run.path / name).is_file()}
+    for other in sorted(record.iterdir()) if record.is_dir() else []:  # not deepmetric's: kept, never deleted
+        temporary = other.name.startswith(TEMPORARY_PREFIX) and other.name.endswith(TEMPORARY_SUFFIX)
+        if other.name not in RECORDED and not temporary:  # an interrupted write's temporary goes with the old folder
+            if not other.is_file():
+                raise DeepMetricError(f"{other} is not a file of a run's record; move it out of {record}")
+            files[other.name] = other.read_bytes()
     changed = _same_contents(record, files)
     if changed:
         replace_folder(record, files)

@@ -13,6 +13,7 @@ aside and trains it again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -164,7 +165,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
                               + "; ".join(failed))
-    with record_lock(spec.out):  # the record's tables and manifest: one study process at a time
+    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():  # one process at a time
         paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "

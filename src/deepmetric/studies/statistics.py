@@ -58,7 +58,11 @@ RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
 CHUNK = 500
-"""Resamples drawn at once (CHUNK x queries indices in memory: 500 x 60,502 SOP queries = 240 MB)."""
+"""Resamples drawn at once, at most; fewer for many queries, so that a chunk holds at most ``CHUNK_VALUES`` indices
+(the draws do not depend on the chunking)."""
+
+CHUNK_VALUES = 2**24
+"""Indices drawn at once, at most: 16 M (128 MB of int64; SOP's 60,502 queries: 277 resamples a chunk)."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +150,9 @@ def paired_bootstrap(variant: Sequence[np.ndarray], reference: Sequence[np.ndarr
     rng = np.random.default_rng(seed)
     queries = len(paired)
     means = np.empty(resamples)
-    for start in range(0, resamples, CHUNK):
-        stop = min(start + CHUNK, resamples)
+    chunk = max(1, min(CHUNK, CHUNK_VALUES // queries))
+    for start in range(0, resamples, chunk):
+        stop = min(start + chunk, resamples)
         means[start:stop] = paired[rng.integers(0, queries, size=(stop - start, queries))].mean(axis=1)
     tail = (1 - confidence) / 2
     low, high = np.quantile(means, [tail, 1 - tail])
