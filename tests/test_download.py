@@ -282,7 +282,8 @@ def test_a_users_own_folder_or_link_or_archive_is_refused_before_any_download_an
     (own / "my-notes.txt").write_text("mine")
     (own / "meta.json").write_text('{"author": "me"}')  # a meta.json, not ours
     with pytest.raises(DataError, match=rf"^cub: {own} exists but was not built by deepmetric .* never deletes what "
-                                        rf"it did not create\. If it holds the data set, use it with --data cub:{own};"):
+                                        rf"it did not create\. If it holds the data set, use it with "
+                                        rf"--data cub:{own};"):
         load_dataset("cub", check_counts=False)
     assert (own / "my-notes.txt").read_text() == "mine" and server.ranges == [] and leftovers(tmp_path) == []
 

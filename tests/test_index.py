@@ -473,7 +473,8 @@ def test_every_key_of_a_hand_edited_manifest_is_checked_when_read(tiny_run, tmp_
 def test_an_index_written_with_absolute_paths_still_loads_and_names_no_absolute_path(tiny_run, tmp_path, capsys):
     """Issue 39 item 30: indexes written before paths were kept relative (absolute run, checkpoint and sources, no
     origin; an item stored absolute inside its gallery folder) still search, and a result never names a folder of
-    the server (the absolute item is read as relative to its folder: issue 53 item 12). ``--add`` writes the index again with relative paths."""
+    the server (the absolute item is read as relative to its folder: issue 53 item 12). ``--add`` writes the index
+    again with relative paths."""
     files = make_gallery(tmp_path / "gallery", 4)
     index = tmp_path / "index"
     assert run(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0

@@ -12,9 +12,10 @@ with another archive's, is never taken as built. The archive is deleted once unp
 Nothing the project did not create is deleted or replaced: a ``$DEEPMETRIC_DATA/cub`` without the marker (a user's
 own folder), a symbolic link there that does not lead to a build, or a ``CUB_200_2011.tgz`` beside it that is not the
 published archive is refused with one message naming it, before anything is downloaded (``_check_ours``); only a
-folder with the project's marker (a build of another archive, or one whose files were removed since) is replaced. Two processes fetching the same
-data set at once (two trainings started together) take turns on ``$DEEPMETRIC_DATA/.cub.lock``: the second waits,
-saying so, and then uses the first one's build instead of appending a second download to the same ``.part``.
+folder with the project's marker (a build of another archive, or one whose files were removed since) is replaced.
+Two processes fetching the same data set at once (two trainings started together) take turns on
+``$DEEPMETRIC_DATA/.cub.lock``: the second waits, saying so, and then uses the first one's build instead of
+appending a second download to the same ``.part``.
 
 Cars-196, Stanford Online Products and In-Shop are not fetched: their official hosts no longer serve the archives
 reliably, and copies elsewhere are not the publishers'. ``MANUAL`` says where the official files are and the layout
