@@ -226,13 +226,25 @@ def test_best_is_marked_per_data_set_and_missing_metrics_show_a_dash(tmp_path):
     assert "| c | fashion-mnist | 1 | **80.00** | — |" in table
 
 
-def test_apart_marks_only_intervals_that_do_not_overlap_and_never_a_single_run():
-    from deepmetric.studies.aggregate import apart
+def test_marks_follow_welchs_test_after_holm_and_never_a_single_run(tmp_path):
+    """Issue 51 item 4: ▲ / ▼ no longer mean "the ±1 std intervals do not overlap" but "Welch's t-test across the
+    repeats is significant at 0.05 after Holm's correction over every comparison of the table"."""
+    from scipy import stats
 
-    assert apart((0.80, 0.01, 3), (0.70, 0.02, 3)) == "▲"  # 0.79 > 0.72
-    assert apart((0.70, 0.02, 3), (0.80, 0.01, 3)) == "▼"
-    assert apart((0.80, 0.05, 3), (0.70, 0.05, 3)) == ""  # 0.75 = 0.75: they touch, no claim
-    assert apart((0.80, 0.0, 1), (0.70, 0.0, 3)) == ""  # one run: no spread to compare
+    from deepmetric.studies.aggregate import comparisons
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}, "abe": {}, "one": {}, "close": {}}, compare=["gap"]))
+    values = {"gap": [0.70, 0.71, 0.72], "abe": [0.80, 0.81, 0.82], "one": [0.90], "close": [0.705, 0.72, 0.73]}
+    rows = [{"variant": v, "repeat": i, "data": "emoji", "recall@1": x} for v, xs in values.items()
+            for i, x in enumerate(xs)]
+    found = {c.variant: c for c in comparisons(spec, rows)}
+    assert set(found) == {"abe", "one", "close"} and found["one"].welch is None and found["one"].mark == ""
+    welch = {v: stats.ttest_ind(values[v], values["gap"], equal_var=False).pvalue for v in ("abe", "close")}
+    assert found["abe"].welch == pytest.approx(welch["abe"]) and found["close"].welch == pytest.approx(welch["close"])
+    low, high = sorted(welch.values())  # Holm over the two defined tests: 2 p_(1), max(that, p_(2))
+    assert found["abe"].welch_holm == pytest.approx(2 * low) and found["close"].welch_holm == pytest.approx(high)
+    assert found["abe"].mark == "▲" and found["close"].mark == ""  # 0.73 ± … overlaps gap's range: not significant
+    assert found["abe"].bootstrap is None  # no per-query results given: no bootstrap, said as "—"
 
 
 def test_compare_sets_each_variant_against_the_references_in_results_md(tmp_path):

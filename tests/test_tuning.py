@@ -180,3 +180,21 @@ def test_the_dry_run_says_how_far_the_tuning_is_and_builds_tuned_variants_with_t
     spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
     text = format_dry_run(spec, dry_run(spec))
     assert "(gap 3 of 3)" in text and f"train.lr={best_values(spec, 'gap')['train.lr']}" in text.replace(" ", "")
+
+
+def test_the_trials_in_the_record_verify_and_a_hand_edited_score_is_named(tmp_path):
+    import json
+
+    from deepmetric.studies.verify import verify
+
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+    run_study(spec, progress=False, tuning_only=True)
+    found = verify(spec)
+    assert found.problems == [] and found.checked["trials"] == 3
+    trial = tmp_path / "record" / "trials" / "gap" / "1" / "trial.json"
+    data = json.loads(trial.read_text())
+    trial.write_text(json.dumps({**data, "score": data["score"] + 0.25}))
+    problems = verify(spec).problems
+    assert any(f"{trial}: it says score" in p for p in problems)  # the score against its log
+    assert any(f"{trial} does not match MANIFEST.sha256" in p for p in problems)
+    assert any("tuning.csv line 3 (gap, 1), score" in p for p in problems)  # the tables follow the trials

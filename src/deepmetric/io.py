@@ -156,6 +156,55 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two folders in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # an old kernel, a file system without it
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def replace_folder(target: Path, files: dict[str, bytes]) -> None:
+    """Make the folder ``target`` hold exactly ``files`` (name -> bytes; names without folders): they are written
+    into a new folder beside it, which then takes its place in one step (``renameat2``'s exchange, where Linux has
+    it; elsewhere two renames), and the old folder is removed. A reader sees the old contents or the new, never a
+    mixture (a file the new contents lack is gone with the old folder, not left beside the new files)."""
+    import shutil
+
+    target = Path(target)
+    staging = temporary_folder(target)
+    try:
+        for name, data in files.items():
+            if Path(name).name != name or name in ("", ".", ".."):
+                raise WriteError(f"cannot write {target / name}: not a file name")
+            with open(staging / name, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        if not target.exists():
+            os.rename(staging, target)
+        elif not _exchange(staging, target):
+            old = target.with_name(f"{TEMPORARY_PREFIX}{target.name}.{os.getpid()}-{os.urandom(4).hex()}"
+                                   f"{TEMPORARY_SUFFIX}")
+            os.rename(target, old)
+            os.rename(staging, target)
+            staging = old
+        fsync_dir(target.parent)
+    except OSError as error:
+        raise WriteError(f"could not write {target}: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the new folder after a failure, or the old one after the swap
+
+
 def prefixed(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``{"<prefix>.<name>": tensor}``: several state dicts in one flat checkpoint."""
     return {f"{prefix}.{k}": v for k, v in tensors.items()}

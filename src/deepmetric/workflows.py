@@ -21,6 +21,8 @@ from .data.images import IMAGE_EXTENSIONS
 from .data.table import RetrievalTable, test_sizes_match
 from .errors import CheckpointError, DataError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
+from .evaluation.evaluator import split_metrics_per_query
+from .evaluation.per_query import per_query_path, save_per_query, table_identity
 from .evaluation.table import format_table
 from .folders import check_image_path
 from .io import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder, to_json, unprefixed
@@ -50,8 +52,10 @@ def held_for_evaluation(run: RunDir) -> Iterator[None]:
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
                  progress: bool = True) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the test split; writes and returns the record of ``RUN/metrics.json`` (the
-    run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``; on another data set
-    (``data_spec`` not the run's own), of ``RUN/metrics-on-<data>.json`` (``RunDir.test_metrics_of``)."""
+    run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``, and each query's
+    results beside it (``per-query.npz`` / ``per-query-last.npz``: ``evaluation/per_query.py``), from the same
+    ranking; on another data set (``data_spec`` not the run's own), of ``RUN/metrics-on-<data>.json`` and
+    ``per-query-on-<data>.npz`` (``RunDir.test_metrics_of``)."""
     return evaluate_run_embeddings(run_dir, data_spec, which, progress)[0]
 
 
@@ -73,10 +77,13 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         part = table.split("test")
         embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress),
                                  desc="embedding test")
-        metrics = split_metrics(embeddings, part, config.eval.recall_at or table.recall_at, config.eval.nmi,
-                                config.eval.engine, progress)
-        record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics)
+        metrics, per_query = split_metrics_per_query(embeddings, part, config.eval.recall_at or table.recall_at,
+                                                     config.eval.nmi, config.eval.engine, progress)
+        identity = table_identity(part)
+        record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics,
+                              queries_sha256=identity["queries_sha256"])
         target = run.test_metrics_of(checkpoint, other_data)
+        save_per_query(per_query_path(target), per_query, identity)  # first: metrics.json marks the run finished
         atomic_write_text(target, to_json(record, indent=2))
         if other_data is not None:
             log.info("%s is not the run's own data set: its figures are in %s (%s keeps the run's own)", other_data,

@@ -273,6 +273,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.only is not None and not only:
         raise DeepMetricError(f"--only names no variant ({args.only!r}); give one or more, e.g. --only "
                               + ",".join(list(spec.variants)[:2]))
+    if args.verify:
+        return _verify_study(spec)
     if args.dry_run:
         from ..studies.dry_run import dry_run, format_dry_run
 
@@ -295,6 +297,22 @@ def cmd_study(args: argparse.Namespace) -> int:
     if "embeddings_md" in paths:
         say(f"every embedding: {paths['embeddings_csv']}, {paths['embeddings_md']}")
     return 0
+
+
+def _verify_study(spec: Any) -> int:
+    """``study FILE --verify``: the summary and notes on stdout, one ``error:`` line per problem on stderr; 1 when
+    there is any."""
+    import sys
+
+    from ..studies.verify import verify
+
+    found = verify(spec)
+    say(found.summary(spec))
+    for note in found.notes:
+        say(f"note: {note}")
+    for problem in found.problems:  # on stderr, escaped, as main's one error line
+        sys.stderr.write(f"error: {printable(problem)}\n")
+    return 1 if found.problems else 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

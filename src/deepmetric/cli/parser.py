@@ -237,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-only", action="store_true",
                    help="with a study that tunes (tune:), run its trials and stop before the seeds (several "
                    "processes may share the trials); without it the seeds follow once each variant's tuning ends")
+    p.add_argument("--verify", action="store_true",
+                   help="train nothing: check the study's record (its MANIFEST.sha256 hashes, each run's files, each "
+                   "run's per-query results against its metrics.json) and recompute every figure of the tables kept "
+                   "in it; exit 1 with one line per problem")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "

@@ -16,7 +16,7 @@ from ..distributed import DistContext, gather_rows, shard_rows
 from ..models.heads import HeadOutput
 from ..models.modes import eval_mode
 from ..progress import progress_bar
-from .metrics import compute_metrics
+from .metrics import PerQuery, compute_metrics_per_query
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,13 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequ
     Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
     removed from its own ranking by index.
     """
+    return split_metrics_per_query(embeddings, table, recall_at, nmi, engine, progress)[0]
+
+
+def split_metrics_per_query(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
+                            nmi: bool = True, engine: str = "auto",
+                            progress: bool = True) -> tuple[dict[str, float], PerQuery]:
+    """``split_metrics`` and each query's results (``PerQuery``, the ``is_query`` rows in order), from one ranking."""
     rows = np.arange(len(table))
     query_rows, gallery_rows = rows[table.is_query], rows[table.is_gallery]
     position_in_gallery = np.full(len(table), -1)
@@ -95,9 +102,9 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequ
     self_index = torch.as_tensor(position_in_gallery[query_rows])
     x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
     labels = torch.as_tensor(table.labels)
-    return compute_metrics(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
-                           self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine,
-                           progress=progress)
+    return compute_metrics_per_query(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
+                                     self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine,
+                                     progress=progress)
 
 
 def evaluate(model: torch.nn.Module, table: RetrievalTable, split: str, settings: EmbedSettings,

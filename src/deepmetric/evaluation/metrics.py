@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -145,12 +146,51 @@ def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.
     return float(normalized_mutual_info_score(y, kmeans_labels(x, n_clusters, seed)))
 
 
-def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                    gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
-                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto",
-                    progress: bool = True) -> dict[str, float | None]:
-    """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring); with ``progress``, the
-    ranking of a large split (``SHOWN_FROM`` pairs) shows a bar and a large NMI k-means is announced, on stderr."""
+@dataclass(frozen=True)
+class PerQuery:
+    """Each query's results, in query order: what every ranking metric above averages (``per_query_metrics``), kept
+    so that two runs on the same test set can be compared query by query (a study's paired bootstrap).
+
+    ``first_hit`` (Q,) int32: 0-based rank of the query's first neighbour of its class, ``NO_HIT`` (-1) when none is
+    among the ``depth`` neighbours ranked; ``average_precision`` (Q,) float32: AP@R, the query's term of MAP@R;
+    ``r_precision`` (Q,) float32; ``relevant`` (Q,) int32: R, the gallery items of its class (its own row not
+    counted); a query with R = 0 is left out of every metric.
+    """
+
+    first_hit: np.ndarray
+    average_precision: np.ndarray
+    r_precision: np.ndarray
+    relevant: np.ndarray
+    depth: int
+
+    @property
+    def counted(self) -> np.ndarray:
+        """(Q,) bool: the queries every metric averages over (R > 0)."""
+        return self.relevant > 0
+
+
+NO_HIT = -1
+"""``PerQuery.first_hit`` of a query with no neighbour of its class among the ``depth`` ranked."""
+
+
+def per_query_metrics(per_query: PerQuery, recall_at: Sequence[int]) -> dict[str, float]:
+    """Recall@K (the share of counted queries whose first hit ranks below K), MAP@R and R-precision (means) of
+    ``per_query``: the figures ``compute_metrics`` reports, by the same float32 reductions."""
+    valid = torch.from_numpy(per_query.counted)
+    first_hit = torch.from_numpy(per_query.first_hit.astype(np.int64))[valid]
+    found = first_hit != NO_HIT
+    results = {f"recall@{kk}": float((found & (first_hit < kk)).float().mean()) for kk in sorted({int(k) for k in
+                                                                                                  recall_at})}
+    results["map@r"] = float(torch.from_numpy(per_query.average_precision)[valid].mean())
+    results["r_precision"] = float(torch.from_numpy(per_query.r_precision)[valid].mean())
+    return results
+
+
+def rank_queries(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                 gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
+                 memory_mb: float = 256.0, engine: str = "auto", progress: bool = True) -> PerQuery:
+    """Rank ``gallery`` for each of the l2-normalised ``query`` rows (one exact kNN pass, ``iter_knn``) and keep each
+    query's first hit, AP@R and R-precision (``PerQuery``)."""
     recall_at = sorted({int(k) for k in recall_at})
     r = relevant_counts(query_labels, gallery_labels, self_index)
     valid = r > 0
@@ -181,17 +221,36 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
         stop = start + len(indices)
         bar.update(len(indices))
         relevant = gallery_labels[indices] == query_labels[start:stop, None]  # (b, k)
-        first_hit[start:stop] = torch.where(relevant.any(dim=1), relevant.float().argmax(dim=1), k)
+        first_hit[start:stop] = torch.where(relevant.any(dim=1), relevant.float().argmax(dim=1), NO_HIT)
         r_block = r[start:stop].clamp_min(1)
         within_r = ranks[None, :] <= r_block[:, None]
         hits = (relevant & within_r).float()
         precision_at_i = hits.cumsum(dim=1) / ranks[None, :]
         average_precision[start:stop] = (precision_at_i * hits).sum(dim=1) / r_block
         r_precision[start:stop] = hits.sum(dim=1) / r_block
-    results = {f"recall@{kk}": float((first_hit[valid] < kk).float().mean()) for kk in recall_at}
-    results["map@r"] = float(average_precision[valid].mean())
-    results["r_precision"] = float(r_precision[valid].mean())
     bar.close()
+    return PerQuery(first_hit.numpy().astype(np.int32), average_precision.numpy(), r_precision.numpy(),
+                    r.numpy().astype(np.int32), k)
+
+
+def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                    gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
+                    nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto",
+                    progress: bool = True) -> dict[str, float | None]:
+    """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring); with ``progress``, the
+    ranking of a large split (``SHOWN_FROM`` pairs) shows a bar and a large NMI k-means is announced, on stderr."""
+    return compute_metrics_per_query(query, query_labels, gallery, gallery_labels, self_index, recall_at, nmi,
+                                     memory_mb, engine, progress)[0]
+
+
+def compute_metrics_per_query(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                              gallery_labels: torch.Tensor, self_index: torch.Tensor | None,
+                              recall_at: Sequence[int], nmi: bool = True, memory_mb: float = 256.0,
+                              engine: str = "auto", progress: bool = True) -> tuple[dict[str, float | None], PerQuery]:
+    """``compute_metrics`` and the ``PerQuery`` results its ranking metrics average (from the same kNN pass)."""
+    per_query = rank_queries(query, query_labels, gallery, gallery_labels, self_index, recall_at, memory_mb, engine,
+                             progress)
+    results: dict[str, float | None] = dict(per_query_metrics(per_query, recall_at))
     if nmi:
         classes = len(torch.unique(query_labels))
         if progress and len(query_labels) * classes >= SHOWN_FROM // 1000:
@@ -203,7 +262,7 @@ def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: to
                         "classes than queries): reported as null", len(query_labels),
                         len(torch.unique(query_labels)))
         results["nmi"] = None if score != score else score
-    return results
+    return results, per_query
 
 
 def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray | torch.Tensor,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,7 +22,8 @@ import yaml
 from ..errors import DeepMetricError
 from ..training.run_dir import RunDir
 from .record import finished
-from .spec import StudySpec
+from .spec import StudyRun, StudySpec
+from .text import cell
 
 
 def machine_of(folder: RunDir) -> str:
@@ -28,7 +31,7 @@ def machine_of(folder: RunDir) -> str:
     ``environment.json`` does not say."""
     try:
         sessions = json.loads(folder.environment.read_text()).get("sessions", [])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return "?"
     names = []
     for session in sessions if isinstance(sessions, list) else []:
@@ -45,7 +48,7 @@ def batch_of(folder: RunDir) -> int | None:
     try:
         data = (yaml.safe_load(folder.config_path.read_text()) or {}).get("data", {})
         return int(data["classes_per_batch"]) * int(data["samples_per_class"])
-    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError, RecursionError):
         return None
 
 
@@ -68,13 +71,13 @@ def run_cost(folder: RunDir) -> dict[str, Any] | None:
             "machine": machine_of(folder)}
 
 
-def training_cost(spec: StudySpec) -> str:
+def training_cost(spec: StudySpec, folder_of: Callable[[StudyRun], Path] | None = None) -> str:
     """The "Training cost" section of a study's ``results.md``: per variant and machine, the finished runs' median
     rate and training time per run (a variant whose runs trained on a CPU and a GPU gets a row for each: a median
     across machines would describe neither). Empty when no run logged a rate."""
     costs: dict[str, dict[str, list[dict[str, Any]]]] = {}  # variant -> machine -> runs, each in the order first met
     for run in spec.runs():
-        folder = RunDir(spec.run_dir(run))
+        folder = RunDir((folder_of or spec.run_dir)(run))
         cost = run_cost(folder) if finished(folder) else None
         if cost is not None:
             costs.setdefault(run.variant, {}).setdefault(cost["machine"], []).append(cost)
@@ -89,7 +92,7 @@ def training_cost(spec: StudySpec) -> str:
         for machine, group in machines.items():
             rate = statistics.median(c["images_per_s"] for c in group)
             seconds = statistics.median(c["seconds"] for c in group)
-            lines.append(f"| {variant} | {len(group)} | {rate:.0f} | {duration(seconds)} | {machine} |")
+            lines.append(f"| {cell(variant)} | {len(group)} | {rate:.0f} | {duration(seconds)} | {cell(machine)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ aside and trains it again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -23,8 +24,8 @@ from ..training import train
 from ..training.run_dir import RunDir, _flat
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
-from .record import DamagedRecord, finished, record_run, restore_run
-from .spec import StudySpec
+from .record import DamagedRecord, finished, record_lock, record_run, refuse_links, restore_run, write_manifest
+from .spec import StudyRun, StudySpec
 from .tuning import best_values, run_tuning
 
 log = logging.getLogger("deepmetric")
@@ -49,15 +50,24 @@ def changed_settings(folder: RunDir, config: RunConfig) -> list[str]:
             if key not in NOT_COMPARED and saved.get(key) != now.get(key)]
 
 
-def _set_aside(directory: Path) -> Path:
-    """Move a finished run that is to be trained again beside its folder (``<repeat>.replaced-<time>``): nothing is
-    deleted."""
-    target = directory.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+def _set_aside(folder: RunDir) -> Path:
+    """Move a finished run that is to be trained again into a folder beside it (``<repeat>.replaced-<time>``):
+    nothing is deleted. Called while this process holds the run (``RunDir.holding``): its folder and lock stay in
+    place, so another study process sees the run held and leaves it alone, and, once this one has trained it again,
+    finds it finished with the study's settings instead of setting it aside a second time. ``metrics.json`` moves
+    last: a stop in between leaves a finished run that is set aside again, never checkpoints without it."""
+    directory = folder.path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = directory.with_name(f"{directory.name}.replaced-{stamp}")
     number = 1
     while target.exists():
         number += 1
-        target = target.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{number}")
-    directory.rename(target)
+        target = target.with_name(f"{directory.name}.replaced-{stamp}-{number}")
+    target.mkdir()
+    entries = sorted((entry for entry in directory.iterdir() if entry.name != folder.lock_path.name),
+                     key=lambda entry: entry.name == folder.test_metrics.name)
+    for entry in entries:
+        entry.rename(target / entry.name)
     return target
 
 
@@ -75,6 +85,16 @@ def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, .
     return pending
 
 
+def _record(spec: StudySpec, run: StudyRun, folder: RunDir) -> None:
+    """Record ``run``'s files (``record_run``) and the record's manifest, under the study's record lock."""
+    record = spec.record_dir(run)
+    if record is None or spec.record is None:
+        return
+    with record_lock(spec.out):
+        if record_run(folder, record, spec.record):
+            write_manifest(spec.record)
+
+
 def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[str, ...] = (),
               retrain_changed: bool = False, tuning_only: bool = False) -> dict[str, Path]:
     """Train and evaluate each unfinished run (of the variants in ``only``, when given: the others wait for a later
@@ -83,6 +103,8 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     trained (naming it and the settings), unless ``retrain_changed``: then it is set aside and trained again. With
     a ``tune:`` section every variant is tuned first, and its seeds train with its best trial's values
     (``tuning_only``: stop after the tuning)."""
+    if spec.record is not None and spec.record.is_dir():
+        refuse_links(spec.record, spec.record)  # before anything is read from it or written through a link in it
     pending: list[str] = []
     if spec.tune is not None:
         if tuning_only:
@@ -118,28 +140,30 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     for number, run in enumerate(runs, start=1):
         directory = spec.run_dir(run)
         folder = RunDir(directory)
-        record = spec.record_dir(run)
         if run.name in damaged:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, damaged[run.name])
             failed.append(f"{run.name} ({damaged[run.name]})")
             continue
         trained = finished(folder) and run.name not in changed
-        if trained and (not spec.all_embeddings or finished(folder, all_embeddings=True)):
-            log.info("[%d/%d] %s: done already", number, len(runs), run.name)
-            if record is not None:
-                record_run(folder, record)
-            continue
         try:
+            if trained and (not spec.all_embeddings or finished(folder, all_embeddings=True)):
+                log.info("[%d/%d] %s: done already", number, len(runs), run.name)
+                _record(spec, run, folder)
+                continue
             holder = folder.holder()
             if holder is not None:  # looked at before the run is announced (train() refuses it too)
                 raise RunInUse(f"{directory} is in use by process {holder}", holder)
-            if run.name in changed:
-                log.info("[%d/%d] %s: settings changed (%s): the old run moves to %s", number, len(runs), run.name,
-                         ", ".join(changed[run.name]), _set_aside(directory))
             if not trained:
                 config = build_config(*run.layers)  # a variant's bad setting fails this run only, before its folder
             with folder.holding():  # held from training through evaluation: another study process leaves it be
-                if not trained and finished(folder):  # another process finished it while this one looked
+                if run.name in changed and finished(folder):  # looked at again under the lock: only one process
+                    if changed_settings(folder, config):       # sets a changed run aside and trains it again
+                        log.info("[%d/%d] %s: settings changed (%s): the old run moves to %s", number, len(runs),
+                                 run.name, ", ".join(changed[run.name]), _set_aside(folder))
+                    else:
+                        log.info("[%d/%d] %s: trained again by another process", number, len(runs), run.name)
+                        trained = True
+                elif not trained and finished(folder):  # another process finished it while this one looked
                     log.info("[%d/%d] %s: finished by another process", number, len(runs), run.name)
                     trained = True
                 if not trained:
@@ -150,8 +174,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
                 if spec.all_embeddings and not finished(folder, all_embeddings=True):
                     log.info("[%d/%d] %s: evaluating every embedding", number, len(runs), run.name)
                     evaluate_all_embeddings(directory, progress=progress)
-            if record is not None:
-                record_run(folder, record)
+            _record(spec, run, folder)
         except RunInUse as busy:
             log.info("[%d/%d] %s: being trained by process %s: left to it", number, len(runs), run.name, busy.holder)
             elsewhere.append(run.name)
@@ -164,7 +187,8 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
                               + "; ".join(failed))
-    paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():  # one process at a time
+        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
                     "the complete results", paths["md"], len(elsewhere), ", ".join(elsewhere))

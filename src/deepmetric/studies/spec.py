@@ -19,7 +19,8 @@ split_fraction: 0.5               #   of the training classes (half validate, in
 all_embeddings: true              # also `evaluate --all-embeddings` every run (ABE's learners and their mean ±
                                   #   std, DeML's scales, HORDE's orders and †): results-all-embeddings.{csv,md}
 compare: [gap]                    # optional: results.md also gives each variant's difference from these
-                                  #   variants' means, marked where the ±1 std intervals do not overlap
+                                  #   variants' means, Welch's test and a paired bootstrap, marked where Welch's
+                                  #   test is significant after Holm's correction (statistics.py)
 seed_validation: true             # with seeds: each seed also draws its own validation classes
                                   #   (data.val_seed = seed; the test classes stay fixed)
 tune: {trials: 12, space: {...}}  # tune every variant first, the same budget each (search_space.py), then run

@@ -37,6 +37,7 @@ from ..io import atomic_write_bytes, atomic_write_text
 from ..training import train
 from ..training.run_dir import RunDir
 from ..training.trainer import selection_key
+from .record import record_lock, write_manifest
 from .search_space import TuneSpec
 from .spec import StudySpec
 
@@ -229,19 +230,31 @@ def run_tuning(spec: StudySpec, progress: bool = True, only: list[str] | tuple[s
                     _record_trial(RunDir(trial_dir(spec, variant, number)), trial,
                                   trial_record(spec, variant, number))
                 study.tell(number, trial.score)
+                _write_manifest(spec)
                 log.info("tuning %s: trial %d scored %s %.4f (step %s)", variant, number + 1, tune.objective,
                          trial.score, trial.step)
     return write_tuning(spec)
 
 
-def trials_of(spec: StudySpec, variant: str) -> list[Trial]:
-    """The finished trials of ``variant``, by number (from the record, else the runs folder)."""
+def _write_manifest(spec: StudySpec) -> None:
+    """The record's ``MANIFEST.sha256`` again (the journal and the trials changed), under the record's lock."""
+    if spec.record is not None:
+        with record_lock(spec.out):
+            write_manifest(spec.record)
+
+
+def trials_of(spec: StudySpec, variant: str, record_only: bool = False) -> list[Trial]:
+    """The finished trials of ``variant``, by number (from the record, else the runs folder; ``record_only``: from
+    the record alone)."""
     numbers: set[int] = set()
-    for root in (spec.record, spec.out):
+    for root in (spec.record,) if record_only else (spec.record, spec.out):
         folder = None if root is None else root / "trials" / variant
         if folder is not None and folder.is_dir():
             numbers.update(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-    trials = [finished_trial(spec, variant, n) for n in sorted(numbers)]
+    if record_only:
+        trials = [_read_trial(spec.record / "trials" / variant / str(n) / TRIAL) for n in sorted(numbers)]
+    else:
+        trials = [finished_trial(spec, variant, n) for n in sorted(numbers)]
     return [t for t in trials if t is not None]
 
 
@@ -266,10 +279,10 @@ def _shown(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def tuning_rows(spec: StudySpec) -> list[dict[str, Any]]:
+def tuning_rows(spec: StudySpec, record_only: bool = False) -> list[dict[str, Any]]:
     rows = []
     for variant in spec.variants:
-        trials = trials_of(spec, variant)
+        trials = trials_of(spec, variant, record_only)
         best = best_trial(trials)
         for trial in trials:
             rows.append({"variant": variant, "trial": trial.number, "best": trial is best, "score": trial.score,
@@ -278,11 +291,11 @@ def tuning_rows(spec: StudySpec) -> list[dict[str, Any]]:
     return rows
 
 
-def write_tuning(spec: StudySpec) -> dict[str, Path]:
-    """``tuning.csv`` (every finished trial) and ``tuning.md`` (per variant: its space, trials done, best values)
-    in the study's ``out`` and, with a record, there too."""
+def tuning_tables(spec: StudySpec, record_only: bool = False) -> dict[str, str]:
+    """``tuning.csv`` (every finished trial) and ``tuning.md`` (per variant: trials done, best trial and values,
+    its space), as text."""
     tune = _tune(spec)
-    rows = tuning_rows(spec)
+    rows = tuning_rows(spec, record_only)
     keys: list[str] = []
     for row in rows:
         keys += [k for k in row if k not in keys]
@@ -297,7 +310,7 @@ def write_tuning(spec: StudySpec) -> dict[str, Path]:
              "| variant | trials | best trial | best " + tune.objective + " | its values | space |",
              "|---|---|---|---|---|---|"]
     for variant, dimensions in tune.spaces.items():
-        trials = trials_of(spec, variant)
+        trials = trials_of(spec, variant, record_only)
         best = best_trial(trials)
         failed = sum(1 for t in trials if t.failed)
         done = f"{len(trials)} of {tune.trials}" + (f" ({failed} diverged)" if failed else "")
@@ -305,14 +318,20 @@ def write_tuning(spec: StudySpec) -> dict[str, Path]:
         space = "; ".join(f"{d.key} {d.describe()}" for d in dimensions)
         lines.append(f"| {variant} | {done} | {best.number if best else '—'} | "
                      f"{f'{100 * best.score:.2f}' if best else '—'} | {values} | {space} |")
-    text = "\n".join(lines) + "\n"
+    return {"tuning.csv": buffer.getvalue(), "tuning.md": "\n".join(lines) + "\n"}
+
+
+def write_tuning(spec: StudySpec) -> dict[str, Path]:
+    """``tuning_tables`` written in the study's ``out`` and, with a record, there too."""
+    texts = tuning_tables(spec)
     paths = {}
     for folder in (spec.out, spec.record):
         if folder is None:
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "tuning.csv", buffer.getvalue())
-        atomic_write_text(folder / "tuning.md", text)
+        for name, text in texts.items():
+            atomic_write_text(folder / name, text)
         paths.setdefault("md", folder / "tuning.md")
         paths.setdefault("csv", folder / "tuning.csv")
+    _write_manifest(spec)
     return paths

@@ -144,7 +144,7 @@ class RunDir:
         try:
             sessions = json.loads(self.environment.read_text())["sessions"]
             return not isinstance(sessions, list)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return True
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -285,7 +285,7 @@ class RunDir:
         check_run_dir(self.path)
         try:
             data = yaml.safe_load(self.config_path.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
+        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
             raise DeepMetricError(f"{self.config_path} is not valid YAML ({type(error).__name__}); it is the run's "
                                   "resolved config, rewrite it or start a new run") from None
         if not isinstance(data, dict):
@@ -342,7 +342,7 @@ class RunDir:
         for position, (number, line) in enumerate(lines):
             try:
                 records.append(json.loads(line))
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
                 if position < len(lines) - 1:
                     raise DeepMetricError(f"{self.metrics_log} line {number} is not JSON; the log is damaged") from None
                 log.warning("%s: its last line (%d) was cut short and is left out", self.metrics_log, number)
