@@ -53,7 +53,7 @@ def test_resume_extends_a_run(tmp_path, capsys):
     out_dir = tmp_path / "run"
     assert run(capsys, "train", *TINY, "--out", str(out_dir), "--no-test")[0] == 0
     code, out, _ = run(capsys, "train", "--resume", "--out", str(out_dir), "train.steps=6", "--no-test", "--quiet")
-    assert code == 0 and "trained 6 steps" in out
+    assert code == 0 and "trained 2 steps (steps 5-6, resumed)" in out
 
 
 def test_metrics_command_matches_the_library(tmp_path, capsys):
