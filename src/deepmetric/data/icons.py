@@ -1,0 +1,453 @@
+"""``icons``: the same freedesktop icon name (``printer``, ``user-trash``, ...) drawn by different artists' themes.
+
+A class is one icon name; its instances are the drawings of it by the themes of fourteen pinned Debian packages
+(``icons_catalogue.PACKAGES``), each theme a vendor. On first use the package client fetches the ``.deb`` files
+(``apt-get download NAME=VERSION`` in a temporary folder; each file's SHA-256 checked against the one the Debian
+archive publishes, pinned in the table), ``dpkg-deb -x`` unpacks each one without installing it, the themes are read
+(``icons_themes``), every drawing of a name that at least four vendors draw is rendered at ``IMAGE_SIZE`` (SVGs with
+librsvg: ``icons_render``), copies are removed (``icons_dedup``) and the rest written as PNGs to
+``$DEEPMETRIC_DATA/icons/<vendor>/<name>.png`` with ``images.csv`` (what each image is), ``duplicates.csv`` (what was
+left out and why), each package's ``copyright`` file and ``meta.json``. ``icons:PATH`` reads the fourteen ``.deb``
+files from folder ``PATH`` instead (named as ``apt-get download`` names them), with no network; they are checked every
+time, and a build of the same versions already there is used rather than built again.
+
+**Stored size: 128 px.** Emoji ship 64-px drawings and training upsamples them (``data.image_size``, 160 px in the
+emoji studies); icons are drawn for their sizes, and 128 px is the largest size most of these themes draw by hand
+(Tango, Faenza, nuoveXT2, Moka at 64@2x, elementary-xfce; GNOME and MATE stop at 48 or 256 px), so an icon is stored
+near its own drawing; SVGs are drawn at 128 directly. A 256-px store would quadruple the disk and decoding for
+detail no bitmap theme has at that size; a smaller one would discard what the SVG themes draw.
+
+The build is atomic: it is assembled in a temporary folder beside ``$DEEPMETRIC_DATA/icons`` and renamed there only
+once complete (``meta.json`` last), so a failed build (a package missing or of another version, the registry
+unreachable, a full disk) is one ``DataError`` and leaves what was there before. Nothing deepmetric did not create
+is deleted or replaced: an ``icons`` folder without this project's ``meta.json``, or a symbolic link there, is
+refused before anything is fetched. A build whose files were damaged since (``images.csv`` unreadable, an image
+missing) is one ``DataError`` naming what is wrong: delete the folder to build it again. A build of other package
+versions (or of an older format) is replaced.
+
+The images are the themes' artwork, read locally for research and never redistributed by this project; each
+package's licence is its ``copyright`` file, kept in ``licences/`` (GPL, LGPL, CC BY-SA and public domain among
+them).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..io import fsync_dir, temporary_folder
+from .download import _taking_turns
+from .glyphs import data_home
+from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package, training_names
+from .icons_dedup import NEAR_IDENTICAL, Candidate, Dropped, Look, look, select
+from .icons_render import Unreadable, render, renderer, renderer_version
+from .icons_themes import Drawing, package_drawings, resolve_inside
+from .table import RetrievalTable, check_counts
+
+FORMAT_VERSION = 1
+IMAGE_SIZE = 128
+RECALL_AT = (1, 2, 4, 8)
+CATALOGUE = "images.csv"
+DUPLICATES = "duplicates.csv"
+COLUMNS = ("name", "vendor", "image", "package", "theme", "file", "kind")
+PUBLISHED = {"train": 0, "test": 0}
+"""Split sizes for the pinned packages (``PACKAGES``); a table of them that differs is refused (``check_counts``)."""
+PUBLISHED_FOR = {p.name: p.version for p in PACKAGES.values()}
+"""The package versions ``PUBLISHED`` counts (a table of other packages is not checked)."""
+MAX_UNREADABLE = 0.05
+"""More than this fraction of drawings that cannot be drawn means the renderer, not the icons, is broken."""
+log = logging.getLogger("deepmetric")
+
+Fetcher = Callable[[Sequence[Package], Path], None]
+"""Fetches packages' ``.deb`` files into a folder, named ``Package.deb`` (``apt_get_download``; tests give another)."""
+
+
+# ---------------------------------------------------------------------------------------------- fetching
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_deb(path: Path, package: Package) -> None:
+    """Refuse a ``.deb`` whose SHA-256 differs from the one pinned for ``package``."""
+    found = sha256_of(path)
+    if found != package.sha256:
+        raise DataError(f"icons: {path} is not {package.name} {package.version} as the Debian archive publishes it "
+                        f"(its SHA-256 is {found[:16]}..., the pinned one {package.sha256[:16]}...); delete it and "
+                        "fetch it again")
+
+
+def _apt_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E:")]
+    return (errors or lines or ["no message"])[0][:300]
+
+
+def apt_get_download(packages: Sequence[Package], folder: Path) -> None:
+    """Fetch ``packages``' ``.deb`` files into ``folder`` with Debian's own client (``apt-get download``)."""
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise DataError("icons: fetching the icon themes needs Debian's package client apt-get, which is not here. "
+                        "On another machine, fetch them with: apt-get download "
+                        + " ".join(p.spec for p in packages) + "; then put the .deb files in a folder and use "
+                        "--data icons:FOLDER")
+    # apt-get's output (progress, notices) is captured, never left on this process's standard output
+    result = subprocess.run([apt, "download", *(p.spec for p in packages)], cwd=folder, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, errors="replace")
+    if result.returncode != 0:
+        raise DataError(f"icons: apt-get download failed (exit {result.returncode}): {_apt_error(result.stderr)}. "
+                        "The package lists may be stale (apt-get update, as root) or the registry unreachable; "
+                        "without it, put the .deb files in a folder and use --data icons:FOLDER")
+
+
+def fetch_debs(packages: Mapping[str, Package], folder: Path, fetch: Fetcher) -> dict[str, Path]:
+    """Fetch every package into ``folder`` with ``fetch`` and check each file; returns them by package name."""
+    log.info("icons: fetching %d Debian icon-theme packages with apt-get", len(packages))
+    fetch(list(packages.values()), folder)
+    found = {}
+    for package in packages.values():
+        path = folder / package.deb
+        if not path.is_file():
+            raise DataError(f"icons: apt-get download {package.spec} did not write {package.deb}")
+        check_deb(path, package)
+        found[package.name] = path
+    return found
+
+
+def source_folder(source: str | Path) -> Path:
+    """``icons:PATH``'s folder: one that does not exist is refused, naming it."""
+    folder = Path(source)
+    if not folder.is_dir():
+        raise DataError(f"icons: no such folder: {source}" if not folder.exists() else
+                        f"icons: {source} is not a folder (expected the folder of the icon themes' .deb files)")
+    return folder
+
+
+def find_deb(folder: Path, package: Package) -> Path:
+    """``package``'s ``.deb`` in ``folder`` (as ``apt-get download`` names it, or with the epoch's colon), checked."""
+    for name in (package.deb, package.deb.replace("%3a", ":")):
+        if (folder / name).is_file():
+            check_deb(folder / name, package)
+            return folder / name
+    others = sorted(p.name for p in folder.glob(f"{package.name}_*.deb"))
+    hint = f" ({', '.join(others)} is another version)" if others else ""
+    raise DataError(f"icons: {folder} has no {package.deb}{hint}; fetch it with: apt-get download {package.spec}")
+
+
+# ---------------------------------------------------------------------------------------------- unpacking
+
+def unpack_deb(deb: Path, target: Path) -> None:
+    """``dpkg-deb -x``: the package's files under ``target``, nothing installed."""
+    dpkg_deb = shutil.which("dpkg-deb")
+    if dpkg_deb is None:
+        raise DataError("icons: unpacking the icon themes needs dpkg-deb (Debian's dpkg package), which is not here")
+    target.mkdir(parents=True)
+    result = subprocess.run([dpkg_deb, "-x", str(deb), str(target)], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, errors="replace")
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise DataError(f"icons: dpkg-deb cannot unpack {deb}: {reason}")
+
+
+def _keep_licence(unpacked: Path, package: Package, target: Path) -> None:
+    copyright_file = resolve_inside(unpacked / "usr/share/doc" / package.name / "copyright", unpacked)
+    if copyright_file is not None and copyright_file.is_file():
+        (target / "licences").mkdir(exist_ok=True)
+        shutil.copyfile(copyright_file, target / "licences" / f"{package.name}.copyright")
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+def _render_all(files: Sequence[tuple[Path, str]], folder: Path, size: int, program: str,
+                progress: bool) -> tuple[dict[str, Look], dict[str, str], dict[str, str]]:
+    """Render every (file, kind) into ``folder/<i>.png``; returns each file's ``Look``, its bytes' hash and, for the
+    files that could not be drawn, why."""
+    from PIL import Image
+
+    from ..progress import progress_bar
+
+    def one(item: tuple[int, tuple[Path, str]]) -> tuple[str, Look | None, str, str]:
+        index, (file, kind) = item
+        content = sha256_of(file)
+        try:
+            rgba = render(file, kind, size, program)
+        except Unreadable as error:
+            return str(file), None, content, str(error)
+        Image.fromarray(rgba, "RGBA").save(folder / f"{index}.png")
+        return str(file), look(rgba), content, ""
+
+    looks, contents, failures = {}, {}, {}
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        results = pool.map(one, enumerate(files))
+        for file, seen, content, failure in progress_bar(results, total=len(files), desc="rendering icons",
+                                                         unit="icon", disable=not progress):
+            contents[file] = content
+            if seen is None:
+                failures[file] = failure
+            else:
+                looks[file] = seen
+    return looks, contents, failures
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+def _is_ours(root: Path) -> bool:
+    """Whether ``root/meta.json`` is this loader's marker (of any version): deepmetric built the folder."""
+    try:
+        meta = json.loads((root / "meta.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and meta.get("dataset") == "icons" and isinstance(meta.get("format"), int)
+
+
+def check_ours(root: Path) -> None:
+    """Refuse to build when ``root`` is there and was not made by this project: building would replace it."""
+    if root.is_symlink():
+        raise DataError(f"icons: {root} is a symbolic link; deepmetric never replaces what it did not create. "
+                        "Remove the link (or set DEEPMETRIC_DATA to another folder) and run again to build the set")
+    if root.exists() and not _is_ours(root):
+        raise DataError(f"icons: {root} exists but was not built by deepmetric (it holds no meta.json of ours); "
+                        "deepmetric never deletes what it did not create: move it away (or set DEEPMETRIC_DATA to "
+                        "another folder) and run again to build the set")
+
+
+def _pinned(packages: Mapping[str, Package]) -> dict[str, str]:
+    return {p.name: p.version for p in packages.values()}
+
+
+def _order(drawing: Drawing, package_index: int) -> tuple:
+    return drawing.alias, package_index, drawing.vendor, drawing.name
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: list[Sequence[object]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    path.write_text(buffer.getvalue(), encoding="utf-8")
+
+
+def _choose(drawings: dict[str, dict[str, Drawing]], vendor_index: dict[str, int], looks: Mapping[str, Look],
+            contents: Mapping[str, str]) -> tuple[list[Candidate], list[Dropped], set[str]]:
+    """Remove copies and keep the names drawn by ``MIN_VENDORS``; a name that falls short no longer blocks its copies
+    elsewhere, so the selection is run again until the names stay the same."""
+    names = {n for n, c in Counter(n for d in drawings.values() for n in d).items() if c >= MIN_VENDORS}
+    while True:
+        candidates = [Candidate(d.vendor, d.name, _order(d, vendor_index[d.vendor]), str(d.file),
+                                contents.get(str(d.file), ""))
+                      for found in drawings.values() for d in found.values() if d.name in names]
+        kept, dropped = select(candidates, looks)
+        counts = Counter(c.name for c in kept)
+        remaining = {n for n in names if counts[n] >= MIN_VENDORS}
+        if remaining == names:
+            return kept, dropped, names
+        names = remaining
+
+
+def build_icons(root: Path | None = None, source: str | Path | None = None, progress: bool = True,
+                packages: Mapping[str, Package] | None = None, fetch: Fetcher | None = None,
+                size: int = IMAGE_SIZE) -> Path:
+    """Fetch (or read from folder ``source``) the packages (default ``PACKAGES``), render and deduplicate their
+    drawings into ``root`` (default ``data_home()/icons``); the folder appears complete or not at all."""
+    root = Path(root) if root is not None else data_home() / "icons"
+    packages = PACKAGES if packages is None else packages
+    fetch = apt_get_download if fetch is None else fetch
+    folder = source_folder(source) if source is not None else None
+    program = renderer()
+    check_ours(root)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"icons: cannot write to {root.parent}: {error.strerror or error}; set DEEPMETRIC_DATA to a "
+                        "folder you can write") from None
+    with _taking_turns(root.parent / f".{root.name}.lock", "icons"):
+        check_ours(root)  # again: it may have been made while this process waited
+        if _is_built(root, packages, size):
+            return root
+        try:
+            return _build(root, folder, packages, fetch, size, program, progress)
+        except OSError as error:
+            raise DataError(f"icons: cannot write the build next to {root}: {error.strerror or error}") from None
+
+
+def _build(root: Path, folder: Path | None, packages: Mapping[str, Package], fetch: Fetcher, size: int,
+           program: str, progress: bool) -> Path:
+    tmp = temporary_folder(root)
+    work = Path(tempfile.mkdtemp(prefix=".icons-work.", dir=root.parent))
+    try:
+        if folder is not None:
+            debs = {p.name: find_deb(folder, p) for p in packages.values()}
+        else:
+            (work / "debs").mkdir()
+            debs = fetch_debs(packages, work / "debs", fetch)
+        drawings: dict[str, dict[str, Drawing]] = {}
+        vendor_package: dict[str, str] = {}
+        for package in packages.values():
+            unpacked = work / "unpacked" / package.name
+            unpack_deb(debs[package.name], unpacked)
+            if folder is None:
+                debs[package.name].unlink()  # the unpacked files are what is read
+            _keep_licence(unpacked, package, tmp)
+            for vendor, found in package_drawings(unpacked, size).items():
+                if vendor in vendor_package or not ICON_NAME.fullmatch(vendor):
+                    raise DataError(f"icons: {package.name} ships theme {vendor!r}, which "
+                                    + (f"{vendor_package[vendor]} ships too" if vendor in vendor_package else
+                                       "cannot name a folder"))
+                drawings[vendor], vendor_package[vendor] = found, package.name
+        vendor_index = {v: list(packages).index(p) for v, p in vendor_package.items()}
+        wanted = {n for n, c in Counter(n for d in drawings.values() for n in d).items() if c >= MIN_VENDORS}
+        files = sorted({(d.file, d.kind) for found in drawings.values() for d in found.values() if d.name in wanted})
+        log.info("icons: %d vendors in %d packages; %s names drawn by %d or more; rendering %s files at %d px",
+                 len(drawings), len(packages), f"{len(wanted):,}", MIN_VENDORS, f"{len(files):,}", size)
+        (work / "rendered").mkdir()
+        looks, contents, failures = _render_all(files, work / "rendered", size, program, progress)
+        if files and len(failures) > MAX_UNREADABLE * len(files):
+            example = next(iter(failures.items()))
+            raise DataError(f"icons: {len(failures):,} of {len(files):,} icons could not be drawn (e.g. {example[0]}: "
+                            f"{example[1]}); is {program} working?")
+        kept, dropped, names = _choose(drawings, vendor_index, looks, contents)
+        if len(names) < 4:
+            raise DataError(f"icons: only {len(names)} icon names are drawn by {MIN_VENDORS} or more vendors once "
+                            "copies are removed; the protocol needs at least 4")
+        _write(tmp, root, kept, [d for d in dropped if d.candidate.name in names], drawings, vendor_package,
+               {str(f): i for i, (f, _) in enumerate(files)}, work / "rendered", failures)
+        meta = {"dataset": "icons", "format": FORMAT_VERSION, "size": size, "packages": _pinned(packages),
+                "renderer": renderer_version(program), "near_identical": NEAR_IDENTICAL, "min_vendors": MIN_VENDORS,
+                "source": str(folder) if folder is not None else "apt-get",
+                "images": len(kept), "classes": len(names), "vendors": dict(sorted(Counter(c.vendor for c in kept)
+                                                                                   .items())),
+                "dropped": dict(sorted(Counter(d.reason for d in dropped if d.candidate.name in names).items()))}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        check_ours(root)
+        if root.exists():  # a build of ours, of other versions
+            shutil.rmtree(root)
+        os.replace(tmp, root)
+        fsync_dir(root.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    dropped_text = ", ".join(f"{n:,} {r}" for r, n in meta["dropped"].items()) or "none"
+    log.info("icons: %s images of %s icon names by %d vendors written to %s (copies and blanks left out: %s)",
+             f"{meta['images']:,}", f"{meta['classes']:,}", len(meta["vendors"]), root, dropped_text)
+    return root
+
+
+def _write(tmp: Path, root: Path, kept: list[Candidate], dropped: list[Dropped],
+           drawings: Mapping[str, Mapping[str, Drawing]], vendor_package: Mapping[str, str],
+           index_of: Mapping[str, int], rendered: Path, failures: Mapping[str, str]) -> None:
+    """The kept images, ``images.csv`` and ``duplicates.csv`` into ``tmp``."""
+    rows = []
+    for candidate in sorted(kept, key=lambda c: (c.name, c.order)):
+        drawing = drawings[candidate.vendor][candidate.name]
+        image = f"{candidate.vendor}/{candidate.name}.png"
+        (tmp / candidate.vendor).mkdir(exist_ok=True)
+        os.replace(rendered / f"{index_of[candidate.file]}.png", tmp / image)
+        rows.append((candidate.name, candidate.vendor, image, vendor_package[candidate.vendor], drawing.theme,
+                     drawing.listed, drawing.kind))
+    _write_csv(tmp / CATALOGUE, COLUMNS, rows)
+    lines = []
+    for item in dropped:
+        drawing = drawings[item.candidate.vendor][item.candidate.name]
+        kept_as = f"{item.kept.vendor}/{item.kept.name}" if item.kept is not None else ""
+        why = failures.get(item.candidate.file, "") if item.reason == "unreadable" else ""
+        lines.append((item.candidate.name, item.candidate.vendor, drawing.listed, item.reason, kept_as,
+                      "" if item.distance is None else item.distance, why))
+    _write_csv(tmp / DUPLICATES, ("name", "vendor", "file", "reason", "copy_of", "distance", "detail"), lines)
+
+
+def _is_built(root: Path, packages: Mapping[str, Package], size: int = IMAGE_SIZE) -> bool:
+    """Whether ``root`` is a complete build of ``packages`` at ``size`` (its ``meta.json`` says so)."""
+    try:
+        meta = json.loads((root / "meta.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (isinstance(meta, dict) and meta.get("dataset") == "icons" and meta.get("format") == FORMAT_VERSION
+            and meta.get("size") == size and meta.get("packages") == _pinned(packages))
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+def read_catalogue(root: Path) -> list[dict[str, str]]:
+    """``root/images.csv``'s rows, each image checked to exist; a damaged build is one ``DataError``."""
+    file = root / CATALOGUE
+
+    def damaged(problem: str) -> DataError:
+        return DataError(f"icons: {root} is damaged: {problem}; it is deepmetric's build: delete the folder and run "
+                         "again to build it anew")
+
+    try:
+        rows = list(csv.DictReader(io.StringIO(file.read_text(encoding="utf-8"))))
+    except OSError as error:
+        raise damaged(f"{file} cannot be read ({error.strerror or error})") from None
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise damaged(f"{file} is not a CSV file ({error})") from None
+    if not rows or any(set(COLUMNS) - set(r) or any(r.get(c) is None for c in COLUMNS) for r in rows):
+        raise damaged(f"{file} is not the catalogue of the build (columns {', '.join(COLUMNS)}, one row an image)")
+    bad = [r["image"] for r in rows if not (ICON_NAME.fullmatch(r["name"]) and ICON_NAME.fullmatch(r["vendor"])
+                                            and r["image"] == f"{r['vendor']}/{r['name']}.png")]
+    if bad:
+        raise damaged(f"{file} lists images that are not <vendor>/<name>.png (e.g. {bad[0]!r})")
+    missing = [r["image"] for r in rows if not (root / r["image"]).is_file()]
+    if missing:
+        raise damaged(f"{len(missing):,} image(s) it lists are missing (e.g. {root / missing[0]})")
+    return rows
+
+
+def load_icons(path: str | Path | None = None, check: bool = True, root: str | Path | None = None,
+               packages: Mapping[str, Package] | None = None, fetch: Fetcher | None = None,
+               progress: bool = True) -> RetrievalTable:
+    """The icons table, building ``root`` (default ``data_home()/icons``) first when it holds no build of
+    ``packages`` (default ``PACKAGES``); ``path`` is the folder the ``.deb`` files are read from instead of
+    ``apt-get``: it must exist and hold them (checked, and unpacked only when ``root`` holds no build of the same
+    versions). ``check`` refuses split sizes other than the pinned packages' (``PUBLISHED``)."""
+    root = Path(root) if root is not None else data_home() / "icons"
+    packages = PACKAGES if packages is None else packages
+    folder = source_folder(path) if path is not None else None  # first: never an earlier build in its place
+    if not _is_built(root, packages):
+        build_icons(root, source=folder, progress=progress, packages=packages, fetch=fetch)
+        if not _is_built(root, packages):
+            raise DataError(f"icons: {root} was built but does not read back; another process may be writing it")
+    elif folder is not None:  # the same versions are built: PATH is checked to hold them, not unpacked again
+        for package in packages.values():
+            find_deb(folder, package)
+        log.info("icons: %s holds the packages %s was built from; using that build", path, root)
+    rows = read_catalogue(root)
+    names = sorted({r["name"] for r in rows})
+    label_of = {n: i for i, n in enumerate(names)}
+    train = training_names(names)
+    order = {name: i for i, name in enumerate(packages)}
+    rows.sort(key=lambda r: (label_of[r["name"]], order.get(r["package"], len(order)), r["vendor"]))
+    labels = np.array([label_of[r["name"]] for r in rows], dtype=np.int64)
+    splits = np.array(["train" if r["name"] in train else "test" for r in rows], dtype=object)
+    ones = np.ones(len(rows), dtype=bool)
+    vendors = sorted({r["vendor"] for r in rows})
+    table = RetrievalTable(
+        name="icons", images=[str(root / r["image"]) for r in rows], labels=labels, splits=splits, is_query=ones,
+        is_gallery=ones, recall_at=RECALL_AT, class_names=dict(enumerate(names)),
+        meta={"root": str(root), "vendors": vendors, "vendor_of_row": [r["vendor"] for r in rows]})
+    log.info("icons: %s images of %s icon names by %d vendors: train %s classes (%s images), test %s (%s)",
+             f"{len(rows):,}", f"{len(names):,}", len(vendors), f"{len(train):,}",
+             f"{int((splits == 'train').sum()):,}", f"{len(names) - len(train):,}",
+             f"{int((splits == 'test').sum()):,}")
+    check_counts("icons", table, PUBLISHED, check and _pinned(packages) == PUBLISHED_FOR)
+    return table
