@@ -376,13 +376,15 @@ def _write(tmp: Path, root: Path, kept: list[Candidate], dropped: list[Dropped],
 
 
 def _is_built(root: Path, packages: Mapping[str, Package], size: int = IMAGE_SIZE) -> bool:
-    """Whether ``root`` is a complete build of ``packages`` at ``size`` (its ``meta.json`` says so)."""
+    """Whether ``root`` is a complete build of ``packages`` at ``size`` by today's rules (its ``meta.json`` says
+    so); a build of other versions or rules is built again."""
     try:
         meta = json.loads((root / "meta.json").read_bytes())
     except (OSError, ValueError, RecursionError):
         return False
     return (isinstance(meta, dict) and meta.get("dataset") == "icons" and meta.get("format") == FORMAT_VERSION
-            and meta.get("size") == size and meta.get("packages") == _pinned(packages))
+            and meta.get("size") == size and meta.get("packages") == _pinned(packages)
+            and meta.get("near_identical") == NEAR_IDENTICAL and meta.get("min_vendors") == MIN_VENDORS)
 
 
 # ---------------------------------------------------------------------------------------------- the table
