@@ -12,10 +12,11 @@ files from folder ``PATH`` instead (named as ``apt-get download`` names them), w
 time, and a build of the same versions already there is used rather than built again.
 
 **Stored size: 128 px.** Emoji ship 64-px drawings and training upsamples them (``data.image_size``, 160 px in the
-emoji studies); icons are drawn for their sizes, and 128 px is the largest size most of these themes draw by hand
-(Tango, Faenza, nuoveXT2, Moka at 64@2x, elementary-xfce; GNOME and MATE stop at 48 or 256 px), so an icon is stored
-near its own drawing; SVGs are drawn at 128 directly. A 256-px store would quadruple the disk and decoding for
-detail no bitmap theme has at that size; a smaller one would discard what the SVG themes draw.
+emoji studies); icons are drawn by hand for their sizes, and 128 px is about the largest these themes draw or scale
+to (Tango, Faenza, bloom, Nuovo and gartoon in SVG; oxygen, nuoveXT2, Moka at 64@2x and elementary-xfce in 128-px
+bitmaps; GNOME and MATE have only 48-px bitmaps for a third of their names), so an icon is stored near its own
+drawing and SVGs are drawn at 128 directly. A 256-px store would quadruple the disk and the decoding for detail few
+themes have; a smaller one would discard what the SVG themes draw.
 
 The build is atomic: it is assembled in a temporary folder beside ``$DEEPMETRIC_DATA/icons`` and renamed there only
 once complete (``meta.json`` last), so a failed build (a package missing or of another version, the registry
@@ -26,8 +27,8 @@ missing) is one ``DataError`` naming what is wrong: delete the folder to build i
 versions (or of an older format) is replaced.
 
 The images are the themes' artwork, read locally for research and never redistributed by this project; each
-package's licence is its ``copyright`` file, kept in ``licences/`` (GPL, LGPL, CC BY-SA and public domain among
-them).
+package's licence is its ``copyright`` file, kept in ``licences/`` (GPL, LGPL, CC BY and CC BY-SA; Tango's is in
+the public domain).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from ..io import fsync_dir, temporary_folder
 from .download import _taking_turns
 from .glyphs import data_home
 from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package, training_names
-from .icons_dedup import NEAR_IDENTICAL, Candidate, Dropped, Look, look, select
+from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors
 from .icons_render import Unreadable, render, renderer, renderer_version
 from .icons_themes import Drawing, package_drawings, resolve_inside
 from .table import RetrievalTable, check_counts
@@ -64,7 +65,7 @@ RECALL_AT = (1, 2, 4, 8)
 CATALOGUE = "images.csv"
 DUPLICATES = "duplicates.csv"
 COLUMNS = ("name", "vendor", "image", "package", "theme", "file", "kind")
-PUBLISHED = {"train": 0, "test": 0}
+PUBLISHED = {"train": 1838, "test": 1848}
 """Split sizes for the pinned packages (``PACKAGES``); a table of them that differs is refused (``check_counts``)."""
 PUBLISHED_FOR = {p.name: p.version for p in PACKAGES.values()}
 """The package versions ``PUBLISHED`` counts (a table of other packages is not checked)."""
@@ -247,19 +248,23 @@ def _write_csv(path: Path, header: Sequence[str], rows: list[Sequence[object]]) 
 
 
 def _choose(drawings: dict[str, dict[str, Drawing]], vendor_index: dict[str, int], looks: Mapping[str, Look],
-            contents: Mapping[str, str]) -> tuple[list[Candidate], list[Dropped], set[str]]:
+            contents: Mapping[str, str]) -> tuple[list[Candidate], list[Dropped], set[str], set[frozenset[str]]]:
     """Remove copies and keep the names drawn by ``MIN_VENDORS``; a name that falls short no longer blocks its copies
-    elsewhere, so the selection is run again until the names stay the same."""
+    elsewhere, so the selection is run again until the names stay the same. Also returns the vendor pairs found to
+    share artwork."""
     names = {n for n, c in Counter(n for d in drawings.values() for n in d).items() if c >= MIN_VENDORS}
+    shared: set[frozenset[str]] | None = None
     while True:
         candidates = [Candidate(d.vendor, d.name, _order(d, vendor_index[d.vendor]), str(d.file),
                                 contents.get(str(d.file), ""))
                       for found in drawings.values() for d in found.values() if d.name in names]
-        kept, dropped = select(candidates, looks)
+        if shared is None:  # measured once, on every name drawn by enough vendors
+            shared = sharing_vendors(candidates, looks)
+        kept, dropped = select(candidates, looks, shared=shared)
         counts = Counter(c.name for c in kept)
         remaining = {n for n in names if counts[n] >= MIN_VENDORS}
         if remaining == names:
-            return kept, dropped, names
+            return kept, dropped, names, shared
         names = remaining
 
 
@@ -324,14 +329,19 @@ def _build(root: Path, folder: Path | None, packages: Mapping[str, Package], fet
             example = next(iter(failures.items()))
             raise DataError(f"icons: {len(failures):,} of {len(files):,} icons could not be drawn (e.g. {example[0]}: "
                             f"{example[1]}); is {program} working?")
-        kept, dropped, names = _choose(drawings, vendor_index, looks, contents)
+        kept, dropped, names, shared = _choose(drawings, vendor_index, looks, contents)
+        if shared:
+            log.info("icons: vendors that share artwork (compared within %s, not %s): %s", SHARED_NEAR,
+                     NEAR_IDENTICAL, ", ".join(" and ".join(sorted(p)) for p in sorted(shared, key=sorted)))
         if len(names) < 4:
             raise DataError(f"icons: only {len(names)} icon names are drawn by {MIN_VENDORS} or more vendors once "
                             "copies are removed; the protocol needs at least 4")
         _write(tmp, root, kept, [d for d in dropped if d.candidate.name in names], drawings, vendor_package,
                {str(f): i for i, (f, _) in enumerate(files)}, work / "rendered", failures)
         meta = {"dataset": "icons", "format": FORMAT_VERSION, "size": size, "packages": _pinned(packages),
-                "renderer": renderer_version(program), "near_identical": NEAR_IDENTICAL, "min_vendors": MIN_VENDORS,
+                "renderer": renderer_version(program), "near_identical": NEAR_IDENTICAL, "sharing": SHARING,
+                "shared_near": SHARED_NEAR, "min_vendors": MIN_VENDORS,
+                "sharing_vendors": sorted(sorted(p) for p in shared),
                 "source": str(folder) if folder is not None else "apt-get",
                 "images": len(kept), "classes": len(names), "vendors": dict(sorted(Counter(c.vendor for c in kept)
                                                                                    .items())),
@@ -384,7 +394,8 @@ def _is_built(root: Path, packages: Mapping[str, Package], size: int = IMAGE_SIZ
         return False
     return (isinstance(meta, dict) and meta.get("dataset") == "icons" and meta.get("format") == FORMAT_VERSION
             and meta.get("size") == size and meta.get("packages") == _pinned(packages)
-            and meta.get("near_identical") == NEAR_IDENTICAL and meta.get("min_vendors") == MIN_VENDORS)
+            and meta.get("near_identical") == NEAR_IDENTICAL and meta.get("sharing") == SHARING
+            and meta.get("shared_near") == SHARED_NEAR and meta.get("min_vendors") == MIN_VENDORS)
 
 
 # ---------------------------------------------------------------------------------------------- the table
