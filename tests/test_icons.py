@@ -284,6 +284,8 @@ def test_copies_are_dropped_for_a_reason_naming_what_they_copy(built):
     assert meta["images"] == 29 and meta["classes"] == 7 and meta["size"] == 128
     assert set(meta["vendors"]) == {"Alpha", "Beta", "Gamma", "Delta", "Epsilon"}
     assert meta["renderer"].startswith("rsvg-convert")
+    # Epsilon copies one of Beta's six common names and one of Gamma's: over the 10 % that marks shared artwork
+    assert meta["sharing_vendors"] == [["Beta", "Epsilon"], ["Epsilon", "Gamma"]]
 
 
 def test_the_split_is_class_disjoint_by_the_hash_of_the_name_and_validation_is_seeded(built, debs, tmp_path,

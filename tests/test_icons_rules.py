@@ -21,8 +21,19 @@ from deepmetric.data.icons_catalogue import (
     training_names,
     vendor_themes,
 )
-from deepmetric.data.icons_dedup import NEAR_IDENTICAL, Candidate, Look, distance, is_blank, look, select, signature
-from deepmetric.data.icons_themes import read_index, resolve_inside
+from deepmetric.data.icons_dedup import (
+    NEAR_IDENTICAL,
+    SHARED_NEAR,
+    Candidate,
+    Look,
+    distance,
+    is_blank,
+    look,
+    select,
+    sharing_vendors,
+    signature,
+)
+from deepmetric.data.icons_themes import Tree, archive_path, read_index
 
 BRIEF = ["adwaita-icon-theme", "gnome-icon-theme", "tango-icon-theme", "oxygen-icon-theme", "mate-icon-theme",
          "elementary-xfce-icon-theme", "faenza-icon-theme", "faba-icon-theme", "moka-icon-theme", "paper-icon-theme",
@@ -126,26 +137,37 @@ def test_index_theme_is_read_as_desktops_read_it():
     assert read_index("not an ini file at all [") is None
 
 
-def test_links_are_followed_inside_the_package_only(tmp_path):
-    root = tmp_path / "unpacked"
-    icons = root / "usr/share/icons/T/apps"
-    icons.mkdir(parents=True)
-    (icons / "real.svg").write_text("<svg/>")
-    (icons / "relative.svg").symlink_to("real.svg")
-    (icons / "absolute.svg").symlink_to("/usr/share/icons/T/apps/real.svg")  # taken from the package's root
-    (icons / "escape.svg").symlink_to("../../../../../../../etc/hostname")
-    (icons / "absolute-out.svg").symlink_to("/etc/hostname")
-    (icons / "loop-a.svg").symlink_to("loop-b.svg")
-    (icons / "loop-b.svg").symlink_to("loop-a.svg")
-    (icons / "dangling.svg").symlink_to("/usr/share/icons/Other/apps/x.svg")
-    (root / "usr/share/icons/Alias").symlink_to("T")
-    real = icons / "real.svg"
-    assert resolve_inside(icons / "relative.svg", root) == real
-    assert resolve_inside(icons / "absolute.svg", root) == real
-    assert resolve_inside(root / "usr/share/icons/Alias/apps/relative.svg", root) == real
+def package_tree(entries: dict) -> Tree:
+    """A package's tree from ``entries``: path -> None (a file) or a link target (a tuple: a hard link)."""
+    tree = Tree()
+    for path, target in entries.items():
+        if target is None:
+            tree.add(path, "file")
+        elif isinstance(target, tuple):
+            tree.add(path, "hard", "/" + target[0])
+        else:
+            tree.add(path, "link", target)
+    return tree
+
+
+def test_links_are_followed_inside_the_package_only():
+    apps = "usr/share/icons/T/apps"
+    tree = package_tree({
+        f"{apps}/real.svg": None, f"{apps}/relative.svg": "real.svg",
+        f"{apps}/absolute.svg": "/usr/share/icons/T/apps/real.svg",  # taken from the package's root
+        f"{apps}/hard.svg": (f"{apps}/real.svg",),
+        f"{apps}/escape.svg": "../../../../../../../etc/hostname", f"{apps}/absolute-out.svg": "/etc/hostname",
+        f"{apps}/loop-a.svg": "loop-b.svg", f"{apps}/loop-b.svg": "loop-a.svg",
+        f"{apps}/dangling.svg": "/usr/share/icons/Other/apps/x.svg", "usr/share/icons/Alias": "T"})
+    real = f"{apps}/real.svg"
+    for name in ("relative.svg", "absolute.svg", "hard.svg"):
+        assert tree.resolve(f"{apps}/{name}") == real, name
+    assert tree.resolve("usr/share/icons/Alias/apps/relative.svg") == real and tree.is_file(real)
+    assert tree.is_dir(tree.resolve("usr/share/icons/Alias/apps"))
     for name in ("escape.svg", "absolute-out.svg", "loop-a.svg", "dangling.svg"):
-        assert resolve_inside(icons / name, root) is None, name
-    assert resolve_inside(tmp_path / "elsewhere", root) is None
+        assert tree.resolve(f"{apps}/{name}") is None, name
+    assert list(tree.listdir(apps))[:3] == ["absolute-out.svg", "absolute.svg", "dangling.svg"]
+    assert archive_path("./usr/share/icons/") == "usr/share/icons" and archive_path("./../etc/passwd") is None
 
 
 def test_the_split_is_the_first_half_by_the_hash_of_the_name():
@@ -212,3 +234,22 @@ def test_select_keeps_one_of_each_copy_in_order():
     same_pixels = {"x": red, "y": Look(red.signature + 40, red.pixels)}  # drawn to the same pixels
     kept, dropped = select([candidate("X", "a", (0,), "x"), candidate("Y", "b", (1,), "y")], same_pixels)
     assert [c.vendor for c in kept] == ["X"] and dropped[0].reason == "identical"
+
+
+def test_vendors_that_share_artwork_are_found_and_compared_more_loosely():
+    base = look(shape()).signature
+    far = base + 15.0  # one design re-drawn: beyond NEAR_IDENTICAL, within SHARED_NEAR
+    other = base + 60.0
+    looks = {}
+    candidates = []
+    for i in range(10):  # A and B draw ten names: two are copies at NEAR_IDENTICAL, the rest re-drawn copies
+        looks[f"a{i}"], looks[f"b{i}"] = Look(base + 3 * i, f"a{i}"), Look(base + 3 * i + (2 if i < 2 else 15), f"b{i}")
+        looks[f"c{i}"] = Look(base + 3 * i + 60, f"c{i}")  # C draws them its own way
+        candidates += [candidate(v, f"n{i}", (k, i), f"{v.lower()}{i}") for k, v in enumerate("ABC")]
+    assert NEAR_IDENTICAL < 15 <= SHARED_NEAR < 60 and distance(base, far) == 15 and distance(base, other) == 60
+    shared = sharing_vendors(candidates, looks)
+    assert shared == {frozenset("AB")}  # 2 of 10 common names within NEAR_IDENTICAL: 20 % >= SHARING
+    kept, dropped = select(candidates, looks, shared=shared)
+    assert {c.vendor for c in kept} == {"A", "C"} and {d.candidate.vendor for d in dropped} == {"B"}
+    kept, dropped = select(candidates, looks)  # without it, only the two close copies go
+    assert sorted(d.candidate.name for d in dropped) == ["n0", "n1"]
