@@ -145,7 +145,7 @@ def packages_files() -> dict[str, dict[str, str | bytes | tuple[str]]]:
         "Delta/scalable/apps/go-home.svg": BLANK,
     }
     epsilon = {
-        "Epsilon/128x128/apps/printer.png": artwork(128, 0.1),  # Beta's artwork at another size and margin
+        "Epsilon/128x128/apps/printer.png": artwork(128, 0.1),  # Beta's artwork drawn at 128 px: this copy is kept
         "Epsilon/scalable/apps/user-trash.svg": shared,  # Gamma's file, byte for byte
         "Epsilon/scalable/apps/edit-delete.svg": drawing(51),
         "Epsilon/scalable/apps/folder.svg": drawing(52),
@@ -164,7 +164,7 @@ def packages_files() -> dict[str, dict[str, str | bytes | tuple[str]]]:
 
 EXPECTED_CLASSES = ["document-save", "edit-copy", "edit-delete", "folder", "media-playback-start", "printer",
                     "user-trash"]
-EXPECTED_DROPPED = {("printer", "Epsilon"): ("near-identical", "Beta/printer"),
+EXPECTED_DROPPED = {("printer", "Beta"): ("near-identical", "Epsilon/printer"),
                     ("user-trash", "Epsilon"): ("identical", "Gamma/user-trash"),
                     ("edit-delete", "Alpha"): ("alias", "Alpha/user-trash")}
 
@@ -245,7 +245,7 @@ def test_the_classes_are_names_drawn_by_four_vendors_once_copies_are_removed(bui
     #                                   go-home: 3 (Delta's is blank, Alpha's an absolute link within the package)
     vendors = {name: sorted(v for v, y in zip(table.meta["vendor_of_row"], table.labels, strict=True)
                             if table.class_names[int(y)] == name) for name in names}
-    assert vendors["printer"] == ["Alpha", "Beta", "Delta", "Gamma"]  # Epsilon's is Beta's artwork
+    assert vendors["printer"] == ["Alpha", "Delta", "Epsilon", "Gamma"]  # Beta's is Epsilon's artwork, at 256 px
     assert vendors["user-trash"] == ["Alpha", "Beta", "Delta", "Gamma"]  # Epsilon's is Gamma's file
     assert vendors["edit-delete"] == ["Beta", "Delta", "Epsilon", "Gamma"]  # Alpha's is its user-trash
     assert vendors["folder"] == ["Alpha", "Beta", "Delta", "Epsilon", "Gamma"]
@@ -263,8 +263,9 @@ def test_the_catalogue_says_which_file_each_image_is(built):
     assert listed["Alpha", "user-trash"]["file"] == "usr/share/icons/Alpha/scalable/apps/user-trash.svg"
     assert listed["Alpha", "printer"]["theme"] == "Alpha"  # not the dark variant's printer
     assert listed["Alpha", "media-playback-start"]["theme"] == "Alpha-Dark"
-    assert listed["Beta", "printer"]["file"].endswith("256x256/apps/printer.png")  # the largest bitmap
-    assert listed["Beta", "printer"]["kind"] == "png"
+    assert listed["Epsilon", "printer"]["kind"] == "png"
+    dropped = {(r["vendor"], r["name"]): r for r in rows(root / "duplicates.csv")}
+    assert dropped["Beta", "printer"]["file"].endswith("256x256/apps/printer.png")  # its largest bitmap, not 48 px
     assert listed["Gamma", "folder"]["file"] == "usr/share/icons/Gamma/scalable/apps/folder.svg"
     assert {r["package"] for r in listed.values()} == {f"{n}-icon-theme" for n in
                                                        ("alpha", "beta", "gamma", "delta", "epsilon")}

@@ -281,7 +281,9 @@ def _pinned(packages: Mapping[str, Package]) -> dict[str, str]:
 
 
 def _order(drawing: Drawing, package_index: int) -> tuple:
-    return drawing.alias, package_index, drawing.vendor, drawing.name
+    """Which of two copies is kept (``icons_dedup.select``): a name's own file before an alias, then the drawing made
+    nearer the stored size (GNOME's 256-px drawing before Adwaita's legacy 48-px one), then the package order."""
+    return drawing.alias, drawing.rank[:2], package_index, drawing.vendor, drawing.name
 
 
 def _write_csv(path: Path, header: Sequence[str], rows: list[Sequence[object]]) -> None:

@@ -39,8 +39,9 @@ Copies across *different* names are only the exact ones (alias, identical): two 
 template (archive icons labelled XZ and GZ, folders with different emblems) come within 6 of each other yet are
 different icons, which a model must tell apart.
 
-Which copy is kept: drawings are taken in order (the name's own file before an alias, then the package order of
-``PACKAGES``, then the vendor and the name), and one is kept unless it copies one kept before it.
+Which copy is kept: drawings are taken in order (the name's own file before an alias, then the drawing made nearer
+the stored size, then the package order of ``PACKAGES``, then the vendor and the name), and one is kept unless it
+copies one kept before it.
 """
 
 from __future__ import annotations
