@@ -243,7 +243,8 @@ def test_the_classes_are_names_drawn_by_four_vendors_once_copies_are_removed(bui
     names = [table.class_names[i] for i in range(len(table.class_names))]
     assert names == EXPECTED_CLASSES  # network-wired: 3 vendors (Alpha-Mono and a -symbolic one do not count);
     #                                   go-home: 3 (Delta's is blank, Alpha's an absolute link within the package)
-    vendors = {name: sorted(v for v, y in zip(table.meta["vendor_of_row"], table.labels, strict=True)
+    vendors = {name: sorted(os.path.basename(os.path.dirname(p)) for p, y in zip(table.images, table.labels,
+                                                                                  strict=True)
                             if table.class_names[int(y)] == name) for name in names}
     assert vendors["printer"] == ["Alpha", "Delta", "Epsilon", "Gamma"]  # Beta's is Epsilon's artwork, at 256 px
     assert vendors["user-trash"] == ["Alpha", "Beta", "Delta", "Gamma"]  # Epsilon's is Gamma's file
@@ -362,6 +363,19 @@ def test_a_fetched_package_that_fails_its_check_leaves_nothing(debs, tmp_path):
     root = tmp_path / "data" / "icons"
     with pytest.raises(DataError, match=r"delta-icon-theme_1\.0-1_all\.deb is not delta-icon-theme 1\.0-1"):
         load_icons(root=root, packages=packages, fetch=tampering, progress=False)
+    assert os.listdir(tmp_path / "data") == []
+
+
+def test_a_file_that_is_not_a_debian_package_is_one_clear_error(debs, tmp_path):
+    source, packages = debs
+    folder = tmp_path / "debs"
+    shutil.copytree(source, folder)
+    junk = b"not a Debian package" * 50
+    delta = packages["delta-icon-theme"]
+    (folder / delta.deb).write_bytes(junk)  # pinned as it is: only dpkg-deb can tell
+    packages = {**packages, delta.name: Package(delta.name, delta.version, hashlib.sha256(junk).hexdigest())}
+    with pytest.raises(DataError, match=r"^icons: dpkg-deb cannot unpack .*delta-icon-theme_1\.0-1_all\.deb: "):
+        load_icons(folder, root=tmp_path / "data" / "icons", packages=packages, progress=False)
     assert os.listdir(tmp_path / "data") == []
 
 

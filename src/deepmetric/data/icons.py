@@ -182,6 +182,10 @@ def _file_tree(deb: Path) -> Iterator[IO[bytes]]:
             errors.seek(0)
             reason = (errors.read().decode("utf-8", "replace").strip().splitlines() or [str(error)])[-1]
             raise DataError(f"icons: dpkg-deb cannot unpack {deb}: {reason}") from None
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
         finally:
             process.stdout.close()
         if process.wait() != 0:
@@ -532,7 +536,7 @@ def load_icons(path: str | Path | None = None, check: bool = True, root: str | P
     table = RetrievalTable(
         name="icons", images=[str(root / r["image"]) for r in rows], labels=labels, splits=splits, is_query=ones,
         is_gallery=ones, recall_at=RECALL_AT, class_names=dict(enumerate(names)),
-        meta={"root": str(root), "vendors": vendors, "vendor_of_row": [r["vendor"] for r in rows]})
+        meta={"root": str(root), "vendors": vendors})  # a row's vendor: its image's folder
     log.info("icons: %s images of %s icon names by %d vendors: train %s classes (%s images), test %s (%s)",
              f"{len(rows):,}", f"{len(names):,}", len(vendors), f"{len(train):,}",
              f"{int((splits == 'train').sum()):,}", f"{len(names) - len(train):,}",
