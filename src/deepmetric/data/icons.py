@@ -73,7 +73,7 @@ RECALL_AT = (1, 2, 4, 8)
 CATALOGUE = "images.csv"
 DUPLICATES = "duplicates.csv"
 COLUMNS = ("name", "vendor", "image", "package", "theme", "file", "kind")
-PUBLISHED = {"train": 1838, "test": 1848}
+PUBLISHED = {"train": 1714, "test": 1735}
 """Split sizes for the pinned packages (``PACKAGES``); a table of them that differs is refused (``check_counts``)."""
 PUBLISHED_FOR = {p.name: p.version for p in PACKAGES.values()}
 """The package versions ``PUBLISHED`` counts (a table of other packages is not checked)."""
