@@ -399,12 +399,13 @@ def test_an_unreachable_registry_is_one_clear_error(debs, tmp_path, monkeypatch,
     assert os.listdir(tmp_path / "data") == [] and capfd.readouterr().out == ""  # apt-get's output is captured
 
 
-def test_apt_get_download_is_asked_for_the_pinned_versions(debs, tmp_path, monkeypatch):
+def test_apt_get_download_is_asked_for_the_pinned_versions(debs, tmp_path, monkeypatch, capfd):
     source, packages = debs
     fake_apt(tmp_path / "bin", f'shift\nfor spec in "$@"; do echo "$spec" >> "{tmp_path}/asked"; done\n'
-                               f'cp "{source}"/*.deb .\n')
+                               f'echo "Get:1 a noisy client"\ncp "{source}"/*.deb .\n')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    table = load_icons(root=tmp_path / "data" / "icons", packages=packages, progress=False)
+    table = load_icons(root=tmp_path / "data" / "icons", packages=packages)  # progress bars on, as load_dataset has
+    assert capfd.readouterr().out == ""  # apt-get's output and the bars never reach standard output
     assert len(table.class_names) == len(EXPECTED_CLASSES)
     assert (tmp_path / "asked").read_text().split() == [p.spec for p in packages.values()]
     assert "epsilon-icon-theme=1:2.0-1" in (tmp_path / "asked").read_text()  # the epoch, filed as %3a
@@ -463,6 +464,28 @@ def test_a_build_of_other_versions_is_replaced(debs, tmp_path):
     table = load_icons(root=root, packages=packages, fetch=copier(source), progress=False)
     assert len(table.images) == 29 and not (root / "stale.txt").exists()
     assert sorted(leftovers(tmp_path)) == []
+
+
+def test_a_build_that_fails_late_leaves_the_earlier_build_as_it_was(debs, tmp_path, monkeypatch):
+    """Atomicity: a rebuild that fails after fetching and reading (here: a renderer that draws nothing) is one error,
+    and the set that was there stays whole; no temporary folder is left."""
+    source, packages = debs
+    root = tmp_path / "data" / "icons"
+    load_icons(root=root, packages=packages, fetch=copier(source), progress=False)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["packages"]["beta-icon-theme"] = "0.1-1"  # an older build: it will be built again
+    (root / "meta.json").write_text(json.dumps(meta))
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    broken = tmp_path / "bin"
+    fake = broken / "rsvg-convert"
+    broken.mkdir()
+    fake.write_text("#!/bin/sh\necho 'rsvg-convert version 0.0'\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{broken}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(DataError, match=r"icons: \d+ of \d+ icons could not be drawn .*is .*rsvg-convert working\?"):
+        load_icons(root=root, packages=packages, fetch=copier(source), progress=False)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    assert json.loads((root / "meta.json").read_text()) == meta and os.listdir(tmp_path / "data") == ["icons"]
 
 
 def test_the_help_lists_icons():
