@@ -2,12 +2,12 @@
 
 SVGs are drawn by librsvg's ``rsvg-convert`` (Debian ``librsvg2-bin``, which the Makefile installs), the renderer
 GTK and GNOME draw these themes with, so the drawings look as their artists saw them. Measured on the pinned
-packages (1,500 random SVGs, 128 px): PyPI's ``resvg-py`` 0.5.0 draws as faithfully where it draws at all (mean
-absolute difference to librsvg 0.66 of 255) and a little faster in-process, but refuses 460 of the 544 SVGs of
-``gnome-icon-theme-gartoon`` ("SVG has an invalid size": Sodipodi-era ``width="72pt"`` without a ``viewBox``),
-which librsvg draws; CairoSVG misdraws one SVG in ten (mean difference above 20 of 255 for the worst tenth:
-gradients, filters, embedded images). One ``rsvg-convert`` process per SVG costs about 20 ms, and the build runs
-one per core.
+packages at 128 px: on 150 random SVGs, PyPI's ``resvg-py`` 0.5.0 draws as faithfully where it draws at all (median
+difference to librsvg 0.66 of 255 a pixel) and a little faster in-process (35 ms an SVG against 52 ms for one
+``rsvg-convert`` process), but it refuses 460 of the 544 SVGs of ``gnome-icon-theme-gartoon`` ("SVG has an invalid
+size": Sodipodi-era ``width="72pt"`` without a ``viewBox``), of which librsvg draws all but one; CairoSVG misdraws
+about one SVG in ten (its worst tenth differ from librsvg by more than 20 of 255 a pixel, and it failed on 2 of the
+150). The build runs one ``rsvg-convert`` per core.
 
 PNG and XPM icons are taken as they are (the largest size the theme has: ``icons_catalogue.rank``) and scaled to
 the stored size with Lanczos filtering on premultiplied alpha (no dark fringes). A drawing that is not square is
