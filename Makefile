@@ -9,11 +9,13 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 # torch/torchvision as this project's machines install them from local files (keep pyproject's ranges in step)
 TORCH := torch==2.14.1 torchvision==0.29.1
-# Debian packages: the glyphs fonts (about 150 fonts covering the 175 characters), Fashion-MNIST and Chromium
+# Debian packages: the glyphs fonts (about 150 fonts covering the 175 characters), Fashion-MNIST, librsvg and Chromium
 FONT_PACKAGES := fonts-dejavu-core fonts-dejavu-extra fonts-liberation fonts-liberation2 fonts-freefont-ttf \
 	fonts-urw-base35 fonts-noto-core fonts-crosextra-carlito fonts-crosextra-caladea fonts-cantarell \
 	fonts-open-sans fonts-lato
 DATA_PACKAGES := dataset-fashion-mnist
+# the icons data set draws the themes' SVG icons with librsvg's rsvg-convert (its .deb files come from apt-get itself)
+ICON_PACKAGES := librsvg2-bin
 # the emoji data set's packages are fetched with npm's own client (make demo)
 DEMO_PACKAGES := npm
 # the browser test of the search page (tests/test_serve_browser.py) drives headless Chromium through chromedriver
@@ -41,12 +43,12 @@ install-dev: $(VENV)/.installed-dev
 
 # Installs the Debian packages when this is a Debian machine and we may (root); otherwise says what is missing.
 system-packages:
-	@missing=$$(for p in $(FONT_PACKAGES) $(DATA_PACKAGES) $(BROWSER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	@missing=$$(for p in $(FONT_PACKAGES) $(DATA_PACKAGES) $(ICON_PACKAGES) $(BROWSER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian packages: $$missing"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
-		|| echo "warning: apt-get failed; glyphs falls back to matplotlib's fonts, the Fashion-MNIST and browser tests are skipped"; \
+		|| echo "warning: apt-get failed; glyphs falls back to matplotlib's fonts, the Fashion-MNIST, icons and browser tests are skipped"; \
 	else \
 		echo "note: not installing $$missing (needs apt-get as root); glyphs falls back to matplotlib's fonts"; \
 	fi

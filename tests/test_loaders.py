@@ -421,7 +421,7 @@ def test_every_data_set_declares_what_its_path_is():
 
 
 @pytest.mark.parametrize("name", ["cub", "cub-cropped", "cars", "cars-cropped", "sop", "inshop", "folder", "csv",
-                                  "emoji", "emoji-skin", "fashion-mnist"])
+                                  "emoji", "emoji-skin", "icons", "fashion-mnist"])
 def test_a_data_path_that_does_not_exist_is_named_for_every_loader(tmp_path, monkeypatch, name):
     """Issue item 28: ``cub:/nonexistent`` said "expected images.txt at /nonexistent/images.txt" (after the weights'
     download). Every loader's missing PATH is "NAME: no such folder: PATH" (a CSV's: file), checked before the loader

@@ -62,8 +62,9 @@ def take_trailing_positional(args: argparse.Namespace) -> None:
 
 # The plug-ins' names as --help lists them, written out so that --help imports no torch; tests/test_cli.py checks that
 # they name every registered data set, backbone, head, loss, regulariser and generator.
-DATA_HELP = ("glyphs", "fashion-mnist", "digits", "emoji", "emoji-skin", "emoji:PATH", "folder:PATH", "csv:PATH",
-             "cub:PATH", "cars:PATH", "sop:PATH", "inshop:PATH", "cub-cropped:PATH", "cars-cropped:PATH")
+DATA_HELP = ("glyphs", "fashion-mnist", "digits", "emoji", "emoji-skin", "emoji:PATH", "icons", "icons:PATH",
+             "folder:PATH", "csv:PATH", "cub:PATH", "cars:PATH", "sop:PATH", "inshop:PATH", "cub-cropped:PATH",
+             "cars-cropped:PATH")
 BACKBONE_HELP = ("lite0", "googlenet", "inception-v1", "bn-inception", "resnet50", "timm:<name>", "tiny (tests)")
 HEAD_HELP = ("gap", "diablo", "abe", "mheads", "dgml", "n-grouping", "m-grouping", "g-grouping", "c-grouping", "deml",
              "bilinear", "jcf")

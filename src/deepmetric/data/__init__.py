@@ -6,6 +6,7 @@
 |---|---|
 | ``glyphs[:PATH]`` | the offline toy set (built on first use) |
 | ``emoji[:PATH]`` ``emoji-skin[:PATH]`` | five vendors' drawings of 1,633 emoji (npm packages, fetched on first use) |
+| ``icons[:PATH]`` | freedesktop icon names drawn by 14 Debian icon-theme packages (.deb packages, built on first use) |
 | ``fashion-mnist[:PATH]`` | Fashion-MNIST, classes 0-4 train / 5-9 test |
 | ``digits`` | scikit-learn's 8x8 digits, 0-4 train / 5-9 test |
 | ``folder:PATH`` | one sub-folder per class; sorted names, first half train |
@@ -39,6 +40,7 @@ from .download import manual_download
 from .emoji import load_emoji
 from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
 from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
+from .icons import load_icons
 from .sampler import PKSampler
 from .table import RetrievalDataset, RetrievalTable, check_paths_exist, check_protocol
 
@@ -56,6 +58,7 @@ for _name, _loader, _kind in [
         ("cub", load_cub, "folder"), ("cars", load_cars, "folder"), ("sop", load_sop, "folder"),
         ("inshop", load_inshop, "folder"),
         ("emoji", load_emoji, "folder"), ("emoji-skin", functools.partial(load_emoji, skin=True), "folder"),
+        ("icons", load_icons, "folder"),
         ("cub-cropped", functools.partial(load_cub, crop=True), "folder"),
         ("cars-cropped", functools.partial(load_cars, crop=True), "folder")]:
     DATASETS.register(_name, _loader)
