@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +21,15 @@ from .errors import CheckpointError, DataError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.table import format_table
 from .folders import check_image_path
-from .io import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder, to_json, unprefixed
+from .io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    check_writable,
+    read_json_object,
+    refuse_folder,
+    to_json,
+    unprefixed,
+)
 from .provenance import evaluation_environment
 from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
@@ -164,7 +171,7 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
     run = RunDir(run_dir)
     rows = {}
     if run.baseline.is_file():
-        rows["untrained backbone"] = json.loads(run.baseline.read_text())["metrics"]
+        rows["untrained backbone"] = read_json_object(run.baseline).get("metrics", {})
     rows[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
     title = (f"{record['data']} test split: {record['test_images']:,} images of {record['test_classes']:,} "
              "classes unseen in training (values in %)")

@@ -54,7 +54,15 @@ from safetensors.numpy import save as save_safetensors
 from ..data.resizing import TEST_RESIZE_MODES
 from ..errors import IndexStoreError
 from ..folders import INDEX_MANIFEST, check_index_dir
-from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, open_in_place, temporary_folder
+from ..io import (
+    MalformedFile,
+    atomic_write_bytes,
+    atomic_write_text,
+    fsync_dir,
+    load_json,
+    open_in_place,
+    temporary_folder,
+)
 from . import faiss_index
 
 FORMAT = "deepmetric-index-1"
@@ -329,10 +337,9 @@ def read_manifest(index_dir: str | Path, model: bool = False) -> IndexManifest:
     check_index_dir(index_dir)
     path = Path(index_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)
-        raise IndexStoreError(f"{path} is not valid JSON: {reason}") from None
+        data = load_json(path.read_bytes())
+    except MalformedFile as error:
+        raise IndexStoreError(f"{path} is not a valid manifest: {error}") from None
     except OSError as error:
         raise IndexStoreError(f"{path} cannot be read: {error.strerror or error}") from None
     return _manifest_from_dict(data, path, model)

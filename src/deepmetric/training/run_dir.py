@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -27,12 +26,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError, RunInUse
 from ..folders import RUN_CONFIG, check_run_dir
-from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, open_in_place, to_json, unprefixed
+from ..io import (
+    TEMPORARY_PREFIX,
+    TEMPORARY_SUFFIX,
+    MalformedFile,
+    NotParsable,
+    atomic_write_text,
+    load_json,
+    load_yaml,
+    open_in_place,
+    to_json,
+    unprefixed,
+)
 from ..models import Embedder, create_model
 from .checkpoint import load_checkpoint
 
@@ -129,7 +138,7 @@ class RunDir:
 
     def _damaged_sessions(self) -> bool:
         try:
-            sessions = json.loads(self.environment.read_text())["sessions"]
+            sessions = load_json(self.environment.read_bytes())["sessions"]
             return not isinstance(sessions, list)
         except (ValueError, KeyError, TypeError):
             return True
@@ -142,7 +151,7 @@ class RunDir:
         if self._damaged_sessions():
             log.warning("%s is damaged (not the JSON deepmetric writes); its sessions are not read", self.environment)
             return []
-        return json.loads(self.environment.read_text())["sessions"]
+        return load_json(self.environment.read_bytes())["sessions"]
 
     @property
     def baseline(self) -> Path:
@@ -266,10 +275,13 @@ class RunDir:
     def config(self) -> RunConfig:
         check_run_dir(self.path)
         try:
-            data = yaml.safe_load(self.config_path.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise DeepMetricError(f"{self.config_path} is not valid YAML ({type(error).__name__}); it is the run's "
-                                  "resolved config, rewrite it or start a new run") from None
+            data = load_yaml(self.config_path.read_text()) or {}
+        except UnicodeDecodeError:
+            raise DeepMetricError(f"{self.config_path} is not valid YAML (not UTF-8 text); it is the run's resolved "
+                                  "config, rewrite it or start a new run") from None
+        except MalformedFile as error:
+            raise DeepMetricError(f"{error.naming(self.config_path)}; it is the run's resolved config, rewrite it "
+                                  "or start a new run") from None
         if not isinstance(data, dict):
             raise DeepMetricError(f"{self.config_path} must hold a mapping of config sections")
         return config_from_dict(data)
@@ -318,16 +330,22 @@ class RunDir:
         warning, a damaged line elsewhere is an error naming it."""
         if not self.metrics_log.is_file():
             return []
-        lines = [(n, line) for n, line in enumerate(self.metrics_log.read_text(errors="replace").splitlines(), 1)
+        lines = [(n, line) for n, line in enumerate(self.metrics_log.read_text(errors="replace").split("\n"), 1)
                  if line.strip()]
         records = []
         for position, (number, line) in enumerate(lines):
             try:
-                records.append(json.loads(line))
-            except ValueError:
-                if position < len(lines) - 1:
-                    raise DeepMetricError(f"{self.metrics_log} line {number} is not JSON; the log is damaged") from None
+                record = load_json(line)
+            except MalformedFile as error:
+                if position < len(lines) - 1 or not isinstance(error, NotParsable):
+                    raise DeepMetricError(f"{self.metrics_log} line {number} is not a JSON object ({error}); the "
+                                          "log is damaged") from None
                 log.warning("%s: its last line (%d) was cut short and is left out", self.metrics_log, number)
+                continue
+            if not isinstance(record, dict):
+                raise DeepMetricError(f"{self.metrics_log} line {number} is not a JSON object (a "
+                                      f"{type(record).__name__}); the log is damaged")
+            records.append(record)
         return records
 
 
