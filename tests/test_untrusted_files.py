@@ -124,3 +124,60 @@ def test_a_section_or_key_given_twice_is_refused_and_extends_is_read_beside_the_
         load_config(configs / "child.yaml")
     (configs / "preset.yaml").write_text("extends: demo-glyphs\n")  # a preset's name still works
     assert load_config(configs / "preset.yaml")["data"]["spec"].startswith("glyphs")
+
+
+def test_a_checkpoint_spec_asks_for_nothing_the_config_would_refuse(tiny_run, tmp_path, capsys, monkeypatch):
+    """Issue 53 items 13, 14 (and 26's ``freeze_bn: banana``): ``model_spec`` is checked as the config's ``model``
+    section is, and its size planned on the meta device, before anything is built. ``head_options: {weights: x.pth,
+    trust_pickle: true}`` reached ``create_model`` as its own keywords and loaded a torch pickle without
+    --trust-pickle; a repeated key was a TypeError; -5, 16.5 tracebacks from torch; 3 x 10**9 dimensions asked for
+    384 GB and JCF with 10**7 codewords for 10 GB; ``banana`` loaded."""
+    from safetensors.torch import load_file, save_file
+
+    from deepmetric.errors import CheckpointError
+    from deepmetric.training.checkpoint import FORMAT, checkpoint_state
+    from deepmetric.training.run_dir import model_from_tensors
+
+    last = tiny_run / "checkpoints" / "last.safetensors"
+    tensors, state = load_file(last), checkpoint_state(last)
+    spec = state["model_spec"]
+    monkeypatch.chdir(tmp_path)
+    torch = pytest.importorskip("torch")
+    torch.save({"weight": torch.zeros(1)}, tmp_path / "x.pth")  # a pickle the header points at
+    opened = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: opened.append(a) or {})
+    cases = {
+        "pickle": ({"head_options": {"weights": "x.pth", "trust_pickle": True}},
+                   "head 'gap' has no option 'weights'; its options are: use_tail, l2"),
+        "repeated key": ({"head_options": {"embedding_dim": 4}}, "head 'gap' has no option 'embedding_dim'"),
+        "negative": ({"embedding_dim": -5}, "model.embedding_dim must be at least 0, got -5"),
+        "fraction": ({"embedding_dim": 16.5}, "'model.embedding_dim': expected an integer, got 16.5"),
+        "huge": ({"embedding_dim": 3 * 10**9}, "model.embedding_dim must be at most 65,536"),
+        "jcf": ({"head": "jcf", "head_options": {"codewords": 10**7}},
+                r"the model tiny \+ jcf \(embedding_dim=16, codewords=10000000\) would hold [\d,]+ parameters"),
+        "option type": ({"head": "jcf", "head_options": {"codewords": "many"}},
+                        "'model.head_options.codewords': expected an integer, got 'many'"),
+        "freeze_bn": ({"freeze_bn": "banana"}, "model.freeze_bn must be true, false or stats, got 'banana'"),
+        "backbone": ({"backbone": "../../x"}, "unknown backbone"),
+    }
+    for edit, message in cases.values():
+        with pytest.raises(CheckpointError, match=f"last.safetensors: its model_spec describes no model deepmetric "
+                                                  f"builds: .*{message}"):
+            model_from_tensors(tensors, {**state, "model_spec": {**spec, **edit}}, last)
+    assert opened == []
+    with pytest.raises(CheckpointError, match="does not fit the model it describes: missing .*head.dictionary"):
+        model_from_tensors(tensors, {**state, "model_spec": {**spec, "head": "jcf", "head_options": {"codewords": 4}}},
+                           last)
+    wider = {**spec, "embedding_dim": 4096}  # a plan's shapes are compared before the model is allocated
+    with pytest.raises(CheckpointError, match=r"1 tensor\(s\) of another shape, e.g. head.embed.weight \(16, 32\) "
+                                              r"\(expected \(4096, 32\)\)"):
+        model_from_tensors(tensors, {**state, "model_spec": wider}, last)
+    as_text = {**spec, "embedding_dim": "16"}  # read as the config reads it
+    assert model_from_tensors(tensors, {**state, "model_spec": as_text}, last).embedding_dim == 16
+
+    broken = copy_run(tiny_run, tmp_path)
+    target = broken / "checkpoints" / "last.safetensors"
+    save_file(tensors, target, metadata={"format": FORMAT, "state": json.dumps(
+        {**state, "model_spec": {**spec, "head_options": {"weights": "x.pth", "trust_pickle": True}}})})
+    code, _, err = run(capsys, "evaluate", broken, "--quiet")
+    assert code == 2 and "has no option 'weights'" in err and "Traceback" not in err and opened == [], err

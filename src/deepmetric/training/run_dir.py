@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig, config_from_dict
+from ..config.validate import model_spec_config
 from ..errors import CheckpointError, DeepMetricError, RunInUse
 from ..folders import RUN_CONFIG, check_run_dir
 from ..io import (
@@ -42,7 +43,8 @@ from ..io import (
     to_json,
     unprefixed,
 )
-from ..models import Embedder, create_model
+from ..models import Embedder
+from ..models.embedder import build_plan, plan_model
 from .checkpoint import load_checkpoint
 
 log = logging.getLogger("deepmetric")
@@ -361,22 +363,45 @@ def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], 
     spec = state.get("model_spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("head_options", {}), dict):
         raise CheckpointError(f"{path} has no model_spec describing its model (a damaged or hand-edited header)")
-    spec = dict(spec)
     unknown = sorted(set(spec) - MODEL_SPEC_KEYS)
     if unknown:
         raise CheckpointError(f"{path}: its model_spec has unknown key(s) {unknown}; expected "
                               f"{', '.join(sorted(MODEL_SPEC_KEYS))}")
-    options = spec.pop("head_options", {})
-    model = create_model(pretrained=False, **spec, **options)
     weights = unprefixed("model", tensors)
     damaged = [name for name, value in weights.items() if value.is_floating_point() and not value.isfinite().all()]
     if damaged:
         raise CheckpointError(f"{path} holds NaN or infinite weights ({len(damaged)} tensors, e.g. {damaged[0]})")
-    result = model.load_state_dict(weights, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{path} does not fit the model it describes: missing {result.missing_keys[:5]}, "
-                              f"unexpected {result.unexpected_keys[:5]}")
+    plan = planned_model(spec, path)
+    expected = {name: tuple(value.shape) for name, value in plan.state_dict().items()}
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected]
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit the model it describes: missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}")
+    misshapen = [f"{name} {tuple(weights[name].shape)} (expected {shape})" for name, shape in expected.items()
+                 if tuple(weights[name].shape) != shape]
+    if misshapen:  # found on the plan, before the model's memory is allocated
+        raise CheckpointError(f"{path} does not fit the model it describes: {len(misshapen)} tensor(s) of another "
+                              f"shape, e.g. {misshapen[0]}")
+    model = build_plan(plan)
+    model.load_state_dict(weights)
     return model.to(device).eval()
+
+
+def planned_model(spec: dict[str, Any], path: Path) -> Embedder:
+    """The model a checkpoint's ``model_spec`` describes, on the meta device (``plan_model``), once the spec is typed
+    and checked as the config's ``model`` section (``model_spec_config``): a crafted header can ask for no option the
+    head does not declare (``weights``, ``trust_pickle``), no value of another type or out of bounds, and no model
+    above ``MAX_MODEL_VALUES``. Each refusal is one ``CheckpointError`` naming the file."""
+    try:
+        model = model_spec_config(spec)
+        return plan_model(model.backbone, model.head, model.embedding_dim, model.split, model.freeze_bn,
+                          **model.head_options)
+    except DeepMetricError as error:
+        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: {error}") from None
+    except (TypeError, ValueError, RuntimeError) as error:  # a head option out of the head's range
+        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: "
+                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
 
 
 def load_run_checkpoint(run_dir: str | Path, which: str = "auto", device: str | torch.device = "cpu"
