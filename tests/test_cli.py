@@ -224,6 +224,23 @@ def test_embed_refuses_file_names_that_would_break_its_paths_file(tmp_path, caps
     assert not (tmp_path / "e.npy").exists()
 
 
+@pytest.mark.parametrize("name", ["b\nc.png", "b\rc.png", "b\x1cc.png", "b\x85c.png", "b\u2028c.png", "b\x0bc.png"])
+def test_a_name_with_any_line_break_is_refused_however_the_image_is_given(tiny_run, tmp_path, capsys, name):
+    """Issue 53 item 16: names were checked on folder listings only, for \\n and \\r only: an image given directly
+    (or in a list) with a line break, or with one of the other characters ``str.splitlines`` breaks at (U+001C, U+0085,
+    U+2028, ...), shifted every later row of ``OUT.paths.txt``."""
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("L", (8, 8), 40).save(images / "a.png")
+    Image.new("L", (8, 8), 90).save(images / name)
+    (tmp_path / "list.txt").write_text(f"images/a.png\nimages/{name}\n")
+    listed = [[str(tmp_path / "list.txt")]] if "\n" not in name else []  # a list cannot hold a name with \\n
+    for given in ([str(images / "a.png"), str(images / name)], [str(images)], *listed):
+        code, _, err = run(capsys, "embed", str(tiny_run), "--images", *given, "--out", str(tmp_path / "e.npy"))
+        assert code == 2 and "1 image file name(s) hold a line break" in err and "Traceback" not in err, (given, err)
+        assert not (tmp_path / "e.npy").exists()
+
+
 def strict_json(text: str):
     """Parse as RFC 8259 JSON: NaN and Infinity are refused, as jq and JSON.parse refuse them."""
     def refuse(constant: str):
