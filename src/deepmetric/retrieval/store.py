@@ -373,10 +373,31 @@ def read_faiss(index_dir: str | Path, manifest: IndexManifest) -> Any:
     if index.ntotal != manifest.count or index.d != manifest.embedding_dim:
         raise IndexStoreError(f"{path} holds {index.ntotal} vectors of {index.d} dimensions, the manifest says "
                               f"{manifest.count} of {manifest.embedding_dim}")
+    _check_ids(path, index, manifest)  # first: reconstruct_n on an IVF file aborts the process inside faiss
     vectors = np.asarray(index.reconstruct_n(0, index.ntotal)) if manifest.kind == "flat" and index.ntotal else None
     if vectors is not None and not np.isfinite(vectors).all():
         raise IndexStoreError(f"{path} holds NaN or infinite vectors; the index is damaged: rebuild it")
     return index
+
+
+def _check_ids(path: Path, index: Any, manifest: IndexManifest) -> None:
+    """Refuse a faiss file whose searches could answer an id that is no item: a flat index must be one (its ids are its
+    rows), an IVF-PQ index must store each item's id once (one beyond the count crashed ``search`` with an
+    IndexError and made ``serve`` answer 500)."""
+    ids = faiss_index.stored_ids(index)
+    if manifest.kind == "flat":
+        if ids is not None or not faiss_index.is_flat(index):
+            raise IndexStoreError(f"{path} is not the flat index the manifest says; the index is damaged: rebuild it")
+        return
+    if ids is None:
+        raise IndexStoreError(f"{path} is not the IVF-PQ index the manifest says; the index is damaged: rebuild it")
+    outside = ids[(ids < 0) | (ids >= manifest.count)]
+    if len(outside):
+        raise IndexStoreError(f"{path} holds {len(outside)} item id(s) outside 0 to {manifest.count - 1} (e.g. "
+                              f"{int(outside[0])}); the index is damaged: rebuild it")
+    if len(np.unique(ids)) != manifest.count:
+        raise IndexStoreError(f"{path} does not hold each of its {manifest.count} items once; the index is damaged: "
+                              "rebuild it")
 
 
 def _write_generation(folder: Path, manifest: IndexManifest, embeddings: np.ndarray, index: Any, home: Path) -> None:
