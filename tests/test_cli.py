@@ -329,6 +329,24 @@ def test_file_names_with_terminal_escapes_reach_no_output_raw(tiny_run, tmp_path
     assert PrintableFormatter("%(message)s").format(record) == "skipped a\\x1b[2Jb.png"
 
 
+def test_item_names_with_line_breaks_cannot_forge_lines_of_search_output(tiny_run, tmp_path, capsys):
+    """Issue 53 item 26: an index item named with a line break (``Index.build(..., names=...)``, or ``index.json``
+    edited) printed a line of its own in ``search``'s table, which read as one more hit. Each name is one field of
+    one line now, its line breaks escaped as the other control characters are."""
+    import deepmetric
+
+    query = tmp_path / "q.png"
+    Image.new("L", (8, 8), 40).save(query)
+    forged = "a.png\n   2   1.0000        9  forged.png"
+    images = [np.full((8, 8, 3), v, np.uint8) for v in (40, 200)]
+    deepmetric.Index.build(deepmetric.load_run(tiny_run), images, tmp_path / "index", names=[forged, "b\u2028c.png"])
+    code, out, err = run(capsys, "search", str(tmp_path / "index"), "--image", str(query), "--k", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and "forged.png" in lines[1] and "a.png\\n" in lines[1] and "b\\u2028c.png" in lines[2]
+    assert not any(line.lstrip().startswith("2   1.0000        9") for line in lines)
+
+
 def test_every_command_prints_its_results_through_the_escaping_print():
     """The mechanism of item 24: no bare print() in the commands, only `say` (and stderr in main, escaped)."""
     import inspect
