@@ -13,10 +13,13 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
 
 def skip_without_chromium():
-    """selenium's webdriver module, or a skip saying what is missing (`make test` installs both)."""
+    """selenium's webdriver module, or a skip saying what is missing (`make test` installs both); called inside a
+    test or at a test module's top (``allow_module_level``: without it pytest stopped the whole collection)."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver, or make system-packages)")
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    if missing:
+        pytest.skip(f"Chromium is not installed ({', '.join(missing)} missing: apt-get install chromium "
+                    "chromium-driver, or make system-packages)", allow_module_level=True)
     return webdriver
 
 

@@ -225,6 +225,23 @@ def test_embed_refuses_file_names_that_would_break_its_paths_file(tmp_path, caps
     assert not (tmp_path / "e.npy").exists()
 
 
+@pytest.mark.parametrize("name", ["b\nc.png", "b\rc.png", "b\x1cc.png", "b\x85c.png", "b\u2028c.png", "b\x0bc.png"])
+def test_a_name_with_any_line_break_is_refused_however_the_image_is_given(tiny_run, tmp_path, capsys, name):
+    """Issue 53 item 16: names were checked on folder listings only, for \\n and \\r only: an image given directly
+    (or in a list) with a line break, or with one of the other characters ``str.splitlines`` breaks at (U+001C, U+0085,
+    U+2028, ...), shifted every later row of ``OUT.paths.txt``."""
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("L", (8, 8), 40).save(images / "a.png")
+    Image.new("L", (8, 8), 90).save(images / name)
+    (tmp_path / "list.txt").write_text(f"images/a.png\nimages/{name}\n")
+    listed = [[str(tmp_path / "list.txt")]] if "\n" not in name else []  # a list cannot hold a name with \\n
+    for given in ([str(images / "a.png"), str(images / name)], [str(images)], *listed):
+        code, _, err = run(capsys, "embed", str(tiny_run), "--images", *given, "--out", str(tmp_path / "e.npy"))
+        assert code == 2 and "1 image file name(s) hold a line break" in err and "Traceback" not in err, (given, err)
+        assert not (tmp_path / "e.npy").exists()
+
+
 def strict_json(text: str):
     """Parse as RFC 8259 JSON: NaN and Infinity are refused, as jq and JSON.parse refuse them."""
     def refuse(constant: str):
@@ -355,6 +372,24 @@ def test_file_names_with_terminal_escapes_reach_no_output_raw(tiny_run, tmp_path
         assert "red\\x1b[31m.png" in out or "red\\u001b[31m.png" in out  # text, or JSON's own escape
     record = logging.LogRecord("deepmetric", logging.WARNING, __file__, 1, "skipped %s", ("a\x1b[2Jb.png",), None)
     assert PrintableFormatter("%(message)s").format(record) == "skipped a\\x1b[2Jb.png"
+
+
+def test_item_names_with_line_breaks_cannot_forge_lines_of_search_output(tiny_run, tmp_path, capsys):
+    """Issue 53 item 26: an index item named with a line break (``Index.build(..., names=...)``, or ``index.json``
+    edited) printed a line of its own in ``search``'s table, which read as one more hit. Each name is one field of
+    one line now, its line breaks escaped as the other control characters are."""
+    import deepmetric
+
+    query = tmp_path / "q.png"
+    Image.new("L", (8, 8), 40).save(query)
+    forged = "a.png\n   2   1.0000        9  forged.png"
+    images = [np.full((8, 8, 3), v, np.uint8) for v in (40, 200)]
+    deepmetric.Index.build(deepmetric.load_run(tiny_run), images, tmp_path / "index", names=[forged, "b\u2028c.png"])
+    code, out, err = run(capsys, "search", str(tmp_path / "index"), "--image", str(query), "--k", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and "forged.png" in lines[1] and "a.png\\n" in lines[1] and "b\\u2028c.png" in lines[2]
+    assert not any(line.lstrip().startswith("2   1.0000        9") for line in lines)
 
 
 def test_every_command_prints_its_results_through_the_escaping_print():

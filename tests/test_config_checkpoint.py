@@ -274,3 +274,37 @@ def test_non_finite_plug_in_options_are_refused_like_train_lr(override, message)
     with pytest.raises(ConfigError, match=message):
         build_config({"loss": {"name": "pml:CircleLoss", "miner": "pml:MultiSimilarityMiner"}},
                      parse_override(override))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.seed=-1", r"train.seed must be at least 0, got -1"),
+    ("train.seed=1180591620717411303424", r"train.seed must be at most 4,294,967,295 \(2\*\*32 - 1"),
+    ("data.seed=-3", r"data.seed must be at least 0"),
+    ("data.val_seed=4294967296", r"data.val_seed must be at most 4,294,967,295"),
+    ("model.embedding_dim=1000000000000", r"model.embedding_dim must be at most 65,536 \(the papers use 64 to 8,192"),
+    ("data.num_workers=1000000", r"data.num_workers must be at most 128 \(each is a process decoding images"),
+    ("model.head_options.codewords=many", r"'model.head_options.codewords': expected an integer, got 'many'"),
+    ("model.head_options.codewords=2.5", r"'model.head_options.codewords': expected an integer, got 2.5"),
+])
+def test_values_torch_or_numpy_refuse_are_bounded_by_the_typed_config(override, message):
+    """Issue 53 item 23: a seed of -1 or 2**70 was a traceback from numpy or torch, ``model.embedding_dim=10**12`` an
+    attempt to allocate 128 TB, ``data.num_workers=1000000`` was accepted and torch started the workers; a head option
+    of the wrong type (``codewords: many``) was a TypeError from inside the head. Each is one ConfigError."""
+    with pytest.raises(ConfigError, match=message):
+        build_config({"model": {"backbone": "tiny", "head": "jcf"}}, parse_override(override))
+
+
+def test_a_head_option_is_typed_as_the_head_declares_it_and_a_model_too_large_is_refused_before_it_is_built():
+    """The edges still pass (seed 2**32 - 1, 65,536 dimensions, 128 workers, ``codewords: '8'`` read as 8); a model
+    above ``MAX_MODEL_VALUES`` is refused from its plan on the meta device, before any memory is allocated."""
+    from deepmetric.models import create_model
+    from deepmetric.models.embedder import MAX_MODEL_VALUES, plan_model
+
+    config = build_config({"model": {"backbone": "tiny", "head": "jcf", "embedding_dim": 65_536,
+                                     "head_options": {"codewords": "8", "alpha": 1}},
+                           "train": {"seed": 2**32 - 1}, "data": {"num_workers": 128}})
+    assert config.model.head_options == {"codewords": 8, "alpha": 1.0}
+    plan = plan_model("tiny", "jcf", 16, codewords=8)
+    assert next(plan.parameters()).device.type == "meta"
+    with pytest.raises(ConfigError, match=rf"would hold [\d,]+ parameters and buffers .* at most {MAX_MODEL_VALUES:,}"):
+        create_model(backbone="tiny", head="jcf", embedding_dim=16, pretrained=False, codewords=10**7)

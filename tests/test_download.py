@@ -63,8 +63,10 @@ class Server:
     sent half and the connection closed; every request's Range header is logged; with a ``gate``, each answer waits
     for it (10 s at most)."""
 
-    def __init__(self, data: bytes = ARCHIVE, cut: int = 0, status: int = 200, gate: threading.Event | None = None):
+    def __init__(self, data: bytes = ARCHIVE, cut: int = 0, status: int = 200, gate: threading.Event | None = None,
+                 length: int | None | str = "exact", tail: int = 0):
         self.data, self.cut, self.status, self.ranges, self.gate = data, cut, status, [], gate
+        self.length, self.tail, self.sent = length, tail, 0  # a Content-Length to announce (None: none); junk after
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -85,9 +87,20 @@ class Server:
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(server.data) - 1}/{len(server.data)}")
-                self.send_header("Content-Length", str(len(body)))
+                if server.length is not None:
+                    self.send_header("Content-Length", str(len(body) if server.length == "exact" else server.length))
                 self.send_header("Content-Type", "application/x-tar")
                 self.end_headers()
+                if server.tail:  # the body, then junk, without a length: the client must stop reading
+                    self.close_connection = True
+                    try:
+                        for start in range(0, len(body) + server.tail, 1 << 16):
+                            chunk = (body + b"\0" * server.tail)[start:start + (1 << 16)]
+                            self.wfile.write(chunk)
+                            server.sent += len(chunk)
+                    except OSError:
+                        pass
+                    return
                 if server.cut:
                     server.cut -= 1
                     self.wfile.write(body[: len(body) // 2])
@@ -119,13 +132,13 @@ def serve(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(download_module, "RETRY_WAIT_S", 0.0)
     monkeypatch.setattr(download_module, "TIMEOUT_S", 10.0)
-    servers = []
+    servers, published = [], download_module.ARCHIVES["cub"]
 
-    def start(md5: str | None = None, **options) -> Server:
+    def start(md5: str | None = None, bounds: dict | None = None, **options) -> Server:
         server = Server(**options)
         servers.append(server)
-        archive = dataclasses.replace(download_module.ARCHIVES["cub"], url=server.url, size=len(server.data),
-                                      md5=md5 or hashlib.md5(server.data).hexdigest())
+        archive = dataclasses.replace(published, url=server.url, size=len(server.data),
+                                      md5=md5 or hashlib.md5(server.data).hexdigest(), **(bounds or {}))
         monkeypatch.setitem(download_module.ARCHIVES, "cub", archive)
         return server
 
@@ -282,8 +295,8 @@ def test_a_users_own_folder_or_link_or_archive_is_refused_before_any_download_an
     (own / "my-notes.txt").write_text("mine")
     (own / "meta.json").write_text('{"author": "me"}')  # a meta.json, not ours
     with pytest.raises(DataError, match=rf"^cub: {own} exists but was not built by deepmetric .* never deletes "
-                                        rf"what it did not create\. If it holds the data set, use it with "
-                                        rf"--data cub:{own};"):
+                                        rf"what it did not create\. If it holds the data set, use it with --data "
+                                        rf"cub:{own};"):
         load_dataset("cub", check_counts=False)
     assert (own / "my-notes.txt").read_text() == "mine" and server.ranges == [] and leftovers(tmp_path) == []
 
@@ -369,3 +382,46 @@ def test_a_data_folder_that_cannot_be_written_is_one_error_naming_it(tmp_path, s
                                         r"you can write, or download it yourself and use --data cub:PATH$"):
         load_dataset("cub", check_counts=False)
     assert server.ranges == []  # nothing was requested
+
+
+def test_what_a_server_sends_is_capped_at_the_published_size_and_the_unpack_at_the_tables_bound(serve, tmp_path):
+    """Issue 53 item 24: a server streaming without a length wrote 31.5 MB for a 1.3 kB archive before the MD5 check;
+    a ``Content-Length`` of 10**15 was reported as "no space left"; a 293 kB archive unpacked to 300 MB. The download
+    stops at the published size (what came is deleted), an announced length beyond it is refused before anything is
+    written, and the unpack stops at the Archive table's bound, before the member that crosses it is written."""
+    cub = download_module.ARCHIVES["cub"]
+    assert cub.size < cub.max_unpacked and cub.max_files >= 12_000  # the published archive fits its own bounds
+
+    server = serve(length=None, tail=8 << 20)  # the archive, then 8 MB more, with no length announced
+    with pytest.raises(DataError, match=rf"^cub: {server.url} sent more than the published {len(ARCHIVE):,} bytes "
+                                        "of CUB_200_2011.tgz: it is not the published archive; what it sent was "
+                                        "deleted"):
+        load_dataset("cub", check_counts=False)
+    assert leftovers(tmp_path) == [] and server.ranges == [None]
+
+    serve(length=10**15)
+    with pytest.raises(DataError, match=rf"announces {10**15:,} bytes, more than the published {len(ARCHIVE):,} of "
+                                        "CUB_200_2011.tgz: it is not the published archive, and nothing of it was "
+                                        "written"):
+        load_dataset("cub", check_counts=False)
+    assert leftovers(tmp_path) == []
+
+    bomb = io.BytesIO()  # the replica's files, then one of 3 MB of zeros (a few kB compressed)
+    with tarfile.open(fileobj=io.BytesIO(ARCHIVE)) as replica, tarfile.open(fileobj=bomb, mode="w:gz") as tar:
+        for member in replica:
+            tar.addfile(member, replica.extractfile(member) if member.isfile() else None)
+        zeros = tarfile.TarInfo("CUB_200_2011/zeros.bin")
+        zeros.size = 3 << 20
+        tar.addfile(zeros, io.BytesIO(bytes(zeros.size)))
+    serve(data=bomb.getvalue(), bounds={"max_unpacked": 1 << 20})
+    with pytest.raises(DataError, match=r"unpacks to more than 1,048,576 bytes or 50,000 entries \(reached "
+                                        r"[\d,]+ bytes in \d+ at 'CUB_200_2011/zeros.bin'\)"):
+        load_dataset("cub", check_counts=False)
+    assert not (tmp_path / "data" / "cub").exists() and not any((tmp_path / "data").glob(".cub.*.tmp"))
+    (tmp_path / "data" / "CUB_200_2011.tgz").unlink()  # the checked archive is kept, as after any failed unpack
+    serve(bounds={"max_files": 5})
+    with pytest.raises(DataError, match=r"or 5 entries \(reached [\d,]+ bytes in 6 at"):
+        load_dataset("cub", check_counts=False)
+    (tmp_path / "data" / "CUB_200_2011.tgz").unlink()
+    serve()  # the replica itself, within its bounds
+    assert load_dataset("cub", check_counts=False).count("test") == 4

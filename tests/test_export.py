@@ -23,7 +23,7 @@ from deepmetric.cli import main
 from deepmetric.data.images import read_image
 from deepmetric.data.resizing import TEST_RESIZE_MODES
 from deepmetric.data.transforms import TestTransform as ResizeForTest
-from deepmetric.export import TRACE_BATCH, ExportError, export_model
+from deepmetric.export import TRACE_BATCH, ExportError, export_model, metadata_path
 from deepmetric.models import Embedder, create_model
 from deepmetric.models.heads import HEADS, Head, HeadOutput
 
@@ -400,3 +400,27 @@ def test_each_exported_file_has_its_own_metadata(tmp_path):
         with pytest.raises(ExportError, match=rf"--out .*{out}.*--format {format}"):
             export_model(model, tmp_path / out, format=format, image_size=SIZE)
     assert not list(tmp_path.glob("x*"))
+
+
+def test_export_never_replaces_a_file_that_is_not_a_model_of_its_format(tiny_run, tmp_path, capsys):
+    """Issue 53 items 20 and 26: ``--out`` without the format's suffix overwrote any file there (another run's
+    checkpoint, an index's faiss file, which then failed to load, ``notes.txt``) and wrote ``X.json`` beside it;
+    ``--out ''`` said ``  is a folder``; ``--out m.onnx.json`` suggested ``m.onnx.onnx``."""
+    other_run = tmp_path / "other" / "checkpoints"
+    other_run.mkdir(parents=True)
+    kept = {other_run / "last.safetensors": b"another run's checkpoint", tmp_path / "faiss-1.index": b"IxF2 faiss",
+            tmp_path / "notes.txt": b"my notes", tmp_path / "model.v2": b"an older export of mine"}
+    for file, data in kept.items():
+        file.write_bytes(data)
+    for file in kept:
+        assert main(["export", str(tiny_run), "--out", str(file)]) == 0
+        written = file.with_name(file.name + ".onnx")
+        assert f"exported onnx to {written}" in capsys.readouterr().out
+        assert written.is_file() and metadata_path(written).is_file() and not metadata_path(file).exists()
+    assert all(file.read_bytes() == data for file, data in kept.items())
+    for out, message in (("", r"^error: --out is empty; give the file to write, e.g. model.onnx$"),
+                         (str(tmp_path / "m.onnx.json"), rf"give e.g. {tmp_path / 'm.onnx'} \(its metadata: "
+                                                         r"m.onnx.json\)$"),
+                         (str(tmp_path / "m.json"), rf"give e.g. {tmp_path / 'm.onnx'} ")):
+        assert main(["export", str(tiny_run), "--out", out]) == 2
+        assert re.search(message, capsys.readouterr().err.strip()), out

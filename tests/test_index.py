@@ -524,3 +524,60 @@ def test_a_query_is_embedded_in_the_memory_format_of_its_gallery(tiny_run, tmp_p
     assert searcher.model.channels_last is expected.model.channels_last
     image = tmp_path / "g" / "img001.png"
     np.testing.assert_array_equal(searcher.embed(read_image(image)), expected.embed(image)[0])
+
+
+def test_an_ivf_pq_file_whose_ids_are_no_items_is_a_damaged_index(tiny_run, tmp_path, capsys, monkeypatch):
+    """Issue 53 item 22: an IVF-PQ faiss file storing an item id beyond the item count crashed ``search`` with an
+    IndexError (``serve`` answered 500); a repeated id, a flat manifest over an IVF file or over one that maps its ids
+    elsewhere were not seen either. Each is refused on load, naming the file: ``search`` exits 2, ``serve`` does not
+    start."""
+    import faiss
+
+    import deepmetric
+    import deepmetric.retrieval.service as service
+
+    x = np.random.default_rng(0).normal(size=(1000, 16)).astype(np.float32)
+    pristine = tmp_path / "pristine"
+    deepmetric.Index.from_embeddings(x, run=deepmetric.load_run(tiny_run), kind="ivf-pq").save(pristine)
+    query = make_gallery(tmp_path / "query", 1)[0]
+    started = []
+    monkeypatch.setattr(service.uvicorn, "Server", lambda config: started.append(config.app) or
+                        type("NotRun", (), {"run": lambda self: None})())
+
+    def tampered(name: str, edit) -> tuple:
+        index = tmp_path / name
+        shutil.copytree(pristine, index)
+        file = index / read_manifest(index).faiss_file
+        faiss_file = faiss_index.deserialize(file.read_bytes())
+        ivf = faiss.extract_index_ivf(faiss_file)
+        lists = [n for n in range(ivf.nlist) if ivf.invlists.list_size(n) >= 2]
+        ids = faiss.rev_swig_ptr(ivf.invlists.get_ids(lists[0]), 2)
+        edit(ids)
+        file.write_bytes(faiss_index.serialize(faiss_file))
+        return index, file
+
+    for name, edit, message in (("beyond", lambda ids: ids.__setitem__(0, 5000), r"holds 1 item id\(s\) outside 0 to "
+                                                                                r"999 \(e.g. 5000\)"),
+                                ("negative", lambda ids: ids.__setitem__(0, -7), r"\(e.g. -7\)"),
+                                ("repeated", lambda ids: ids.__setitem__(0, ids[1]), "does not hold each of its 1000 "
+                                                                                      "items once")):
+        index, file = tampered(name, edit)
+        with pytest.raises(IndexStoreError, match=f"^{file}.* {message}.*the index is damaged: rebuild it"):
+            deepmetric.Index.open(index)
+        for command in (["search", index, "--image", query], ["serve", index]):
+            code, _, err = run(capsys, *command)
+            assert code == 2 and "the index is damaged" in err and "Traceback" not in err, (name, command, err)
+    assert not started
+    flat = tmp_path / "flat"
+    shutil.copytree(pristine, flat)
+    manifest = json.loads((flat / "index.json").read_text())
+    manifest["kind"], manifest["ivf_pq"] = "flat", None  # a flat manifest over the IVF file
+    (flat / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexStoreError, match="is not the flat index the manifest says"):
+        deepmetric.Index.open(flat)
+    mapped = faiss.IndexIDMap(faiss.IndexFlatIP(16))  # a flat file whose ids are not its rows
+    mapped.add_with_ids(x, np.arange(1000, dtype=np.int64) + 10**6)
+    (flat / manifest["faiss_file"]).write_bytes(faiss_index.serialize(mapped))
+    with pytest.raises(IndexStoreError, match="is not the flat index the manifest says"):
+        deepmetric.Index.open(flat)
+    assert len(deepmetric.Index.open(pristine).search(x[:2], k=3)[0]) == 3

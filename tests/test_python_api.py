@@ -299,3 +299,50 @@ def test_a_run_folder_that_does_not_exist_is_named_as_such_and_an_index_counts_i
         deepmetric.Index("photos-index")
     with pytest.raises(TypeError, match=r"^Index\(\) is made by Index.build"):
         deepmetric.Index(deepmetric.Index.from_embeddings(np.ones((1, 2))).manifest)
+
+
+def test_a_float_tensor_that_is_one_image_to_embed_is_not_taken_as_rows_of_embeddings_by_an_index(loaded):
+    """Issue 53 item 17: ``Index.search``/``add`` took a float (H, W) tensor as H embeddings, where ``TrainedRun.embed``
+    takes it as one gray image: a 16 x 16 image searched a 16-d index as 16 queries. Where both readings are possible
+    (an index that embeds images) it is refused, naming both and how to say which; where one is (an index without a
+    run: embeddings), and for every unambiguous form, nothing changes."""
+    index = deepmetric.Index.from_embeddings(np.eye(3, 16), names=["a", "b", "c"], run=loaded)
+    image = torch.rand(16, 16)
+    for call in (lambda: index.search(image, k=1), lambda: index.add(image)):
+        with pytest.raises(DataError, match=r"are a float tensor of shape \(16, 16\): one gray image to TrainedRun."
+                                            r"embed, 16 embeddings of 16 dimensions to an index\. Say which"):
+            call()
+    assert len(index) == 3 and loaded.embed(image).shape == (1, 16)
+    assert len(index.search([image], k=1)) == 1 and len(index.search(image[None], k=1)) == 1  # one image
+    assert len(index.search(image.numpy(), k=1)) == 16  # a float numpy array: embeddings, as documented
+    assert len(index.search(torch.eye(16)[0], k=1)) == 1  # a (D,) tensor: one embedding (no image is 1-D)
+    vectors_only = deepmetric.Index.from_embeddings(np.eye(3, 16))  # no run: a tensor of rows is embeddings
+    assert len(vectors_only.search(image, k=1)) == 16 and vectors_only.add(image) == list(range(3, 19))
+
+
+def test_empty_pil_images_bad_batch_sizes_the_meta_device_and_arrays_that_are_no_embeddings_are_one_error(
+        loaded, tiny_run):
+    """Issue 53 items 25 and 26: a 0 x N PIL image was a torch traceback (the numpy array of that shape was refused);
+    ``embed(batch_size=-1 | 2.5 | '4')`` raw errors from torch and ``0`` the default silently; ``device='meta'``
+    loaded a run that embeds nothing; ``Index.from_embeddings`` took a 0-D or complex array (a 3-D one was 'all-zero
+    rows', a string array numpy's ValueError)."""
+    for size in ((0, 5), (5, 0)):
+        with pytest.raises(DataError, match=rf"the image is a PIL image of {size[0]} x {size[1]} pixels; an image "
+                                            "needs at least one pixel each way"):
+            loaded.embed(Image.new("RGB", size))
+    for batch_size in (-1, 2.5, "4", 0, True):
+        with pytest.raises(DataError, match=r"^batch_size must be a whole number of images, 1 or more .*not "):
+            loaded.embed(np.zeros((8, 8, 3), np.uint8), batch_size=batch_size)
+    assert loaded.embed(np.zeros((8, 8, 3), np.uint8), batch_size=np.int64(2)).shape == (1, 16)
+    with pytest.raises(deepmetric.errors.DeepMetricError, match=r"^device 'meta' is not one deepmetric computes on"):
+        deepmetric.load_run(tiny_run, device="meta")
+    for array, message in ((np.zeros((2, 3, 16)), r"must be one \(D,\) row or an \(N, D\) array of rows, got shape "
+                                                  r"\(2, 3, 16\)"),
+                           (np.float32(1.0), r"must be .*got shape \(\)"),
+                           (np.ones((3, 0)), r"must be .*got shape \(3, 0\)"),
+                           (np.ones((3, 16), complex), "must be real numbers .*complex128"),
+                           (np.array([["a"] * 16]), "must be real numbers .*<U1"),
+                           (np.ones((3, 16), bool), "must be real numbers .*bool")):
+        with pytest.raises(IndexStoreError, match=f"^the embeddings {message}"):
+            deepmetric.Index.from_embeddings(array)
+    assert len(deepmetric.Index.from_embeddings(np.eye(3, 16, dtype=np.int64))) == 3  # integers are real numbers

@@ -116,27 +116,36 @@ def metadata_path(model_file: str | Path) -> Path:
 
 
 def output_paths(out: str | Path, format: str) -> tuple[Path, Path]:
-    """The model file (``out``, given the format's suffix when it has none) and its JSON beside it."""
+    """The model file and its JSON beside it. The model file always ends with the format's suffix: ``out`` with
+    another ending gets the suffix added (``m`` -> ``m.onnx``, ``m.v2`` -> ``m.v2.onnx``, ``notes.txt`` ->
+    ``notes.txt.onnx``), so an export never replaces a file that is not a model of that format (another run's
+    checkpoint, an index's faiss file, a text: each was overwritten)."""
     if format not in EXPORT_FORMATS:
         raise ExportError(f"export format must be one of {', '.join(EXPORT_FORMATS)}, got '{format}'")
-    refuse_folder(out, f"model{EXPORT_FORMATS[format]}")
+    suffix = EXPORT_FORMATS[format]
+    if not str(out).strip():
+        raise ExportError(f"--out is empty; give the file to write, e.g. model{suffix}")
+    refuse_folder(out, f"model{suffix}")
     path = Path(out)
-    if not path.suffix:
-        path = path.with_suffix(EXPORT_FORMATS[format])
     if path.suffix == ".json":
+        model_file = path.with_suffix("")
+        model_file = model_file if model_file.suffix == suffix else model_file.with_name(model_file.name + suffix)
         raise ExportError(f"--out {path} would be the model file; its metadata goes to a .json beside it, so give "
-                          f"e.g. {path.with_suffix(EXPORT_FORMATS[format])}")
+                          f"e.g. {model_file} (its metadata: {metadata_path(model_file).name})")
     other = {suffix: name for name, suffix in EXPORT_FORMATS.items() if name != format}
     if path.suffix in other:
         raise ExportError(f"--out {path} names a {other[path.suffix]} file but --format {format} was asked for; give "
-                          f"{path.with_suffix(EXPORT_FORMATS[format])} or --format {other[path.suffix]}")
+                          f"{path.with_suffix(suffix)} or --format {other[path.suffix]}")
+    if path.suffix != suffix:
+        path = path.with_name(path.name + suffix)
     return path, metadata_path(path)
 
 
 def check_outside_run(run_dir: str | Path, out: str | Path, format: str) -> None:
-    """Refuse an ``--out`` whose model or metadata file would be one of the run's own files (``RunDir.owns``)."""
+    """Refuse an ``--out`` that names one of the run's own files (``RunDir.owns``), or whose model or metadata file
+    would be one (``RUN/config.yaml`` is refused, not turned into ``RUN/config.yaml.onnx``)."""
     run = RunDir(run_dir)
-    for path in output_paths(out, format):
+    for path in (Path(out), *output_paths(out, format)):
         if run.owns(path):
             raise ExportError(f"--out {path} is one of the run's own files (inside {run.path}: its checkpoints/, "
                               "config, logs, metrics or report); exporting there would destroy or be overwritten by "

@@ -93,11 +93,14 @@ def find_preset(text: str, kind: str = "config") -> Path | None:
     return None
 
 
-def resolve(text: str | Path, kind: str = "config", what: str | None = None) -> Path:
+def resolve(text: str | Path, kind: str = "config", what: str | None = None, relative_to: Path | None = None
+            ) -> Path:
     """A config or study file: ``text`` itself when that file exists (or ``text.yaml`` / ``text.yml``: ``--config
     demo-glyphs`` beside a ``demo-glyphs.yaml`` of the user's reads that file), else the preset of that name; else a
-    ``ConfigError`` naming the nearest presets. ``what`` names the file in messages (default: config/study file)."""
-    path = Path(text)
+    ``ConfigError`` naming the nearest presets. ``what`` names the file in messages (default: config/study file).
+    A relative ``text`` is looked for in ``relative_to`` (``extends:`` in a config: its folder), by default the
+    working directory."""
+    path = Path(text) if relative_to is None else relative_to / text
     if path.is_file():
         return path
     if path.suffix not in SUFFIXES:  # a file of that name with .yaml / .yml wins over the preset too

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import time
@@ -25,7 +24,15 @@ from .evaluation.evaluator import split_metrics_per_query
 from .evaluation.per_query import per_query_path, save_per_query, table_identity
 from .evaluation.table import format_table
 from .folders import check_image_path
-from .io import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder, to_json, unprefixed
+from .io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    check_writable,
+    read_json_object,
+    refuse_folder,
+    to_json,
+    unprefixed,
+)
 from .provenance import evaluation_environment
 from .training.checkpoint import checkpoint_state
 from .training.run_dir import RunDir, load_run_checkpoint, load_run_model
@@ -180,7 +187,7 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
     run = RunDir(run_dir)
     rows = {}
     if run.baseline.is_file():
-        rows["untrained backbone"] = json.loads(run.baseline.read_text())["metrics"]
+        rows["untrained backbone"] = read_json_object(run.baseline).get("metrics", {})
     rows[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
     title = (f"{record['data']} test split: {record['test_images']:,} images of {record['test_classes']:,} "
              "classes unseen in training (values in %)")
@@ -189,6 +196,9 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
 
 LIST_SUFFIXES = (".txt", ".lst")
 """A file of these endings given where images are asked lists them, one path a line."""
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+"""What ``str.splitlines`` breaks a line at: an image name holding one is refused wherever images are given (a
+folder, a file, a list), as ``OUT.paths.txt`` and a list file hold one name a line."""
 
 
 def read_image_list(list_file: Path) -> list[Path]:
@@ -196,8 +206,13 @@ def read_image_list(list_file: Path) -> list[Path]:
     ``#`` comments ignored), each checked to be an image file; their folders' links resolved."""
     folder = list_file.parent.resolve()
     files = []
-    for number, line in enumerate(list_file.read_text().splitlines(), 1):
-        entry = line.strip()
+    try:  # as written: read_text would turn a lone \r into a line break, splitlines \x85 and U+2028 too
+        text = list_file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{list_file} is not UTF-8 text (byte {error.start}); a list holds one image path a "
+                        "line") from None
+    for number, line in enumerate(text.split("\n"), 1):
+        entry = line.strip(" \t\r")
         if not entry or entry.startswith("#"):
             continue
         named = folder / entry
@@ -222,17 +237,18 @@ def image_sources(images: str | os.PathLike | Sequence[str | os.PathLike]) -> li
 
 def list_images(path: str | Path) -> list[Path]:
     """An image file, the images a ``.txt`` / ``.lst`` file lists (``read_image_list``), or every image below a
-    folder (sorted)."""
+    folder (sorted); a name holding a line break (``LINE_BREAKS``) is refused, however it was given."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
-        return read_image_list(path)
-    if path.is_file():
-        return [path]
-    check_image_path(path)
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-    if not files:
-        raise DataError(f"{path} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
-    broken = [f for f in files if "\n" in str(f) or "\r" in str(f)]
+        files = read_image_list(path)
+    elif path.is_file():
+        files = [path]
+    else:
+        check_image_path(path)
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not files:
+            raise DataError(f"{path} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
+    broken = [f for f in files if LINE_BREAKS.intersection(str(f))]
     if broken:  # OUT.paths.txt holds one path per line: such a name would shift every later row
         shown = ", ".join(repr(str(f)) for f in broken[:3])
         raise DataError(f"{len(broken)} image file name(s) hold a line break ({shown}); rename them")

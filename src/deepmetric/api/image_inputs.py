@@ -81,6 +81,9 @@ def _image_item(item: Any, where: str) -> Path | Image.Image | np.ndarray:
                             "takes), or build an Index from the folder")
         return path
     if isinstance(item, Image.Image):
+        if 0 in item.size:  # numpy's (0, N) array was refused; PIL's became a torch traceback
+            raise DataError(f"{where} is a PIL image of {item.width} x {item.height} pixels; an image needs at least "
+                            "one pixel each way")
         return item
     if isinstance(item, torch.Tensor):
         item = _tensor_array(item, where)
@@ -101,17 +104,36 @@ def image_items(images: Any) -> list[Path | Image.Image | np.ndarray]:
     return [_image_item(item, f"images[{i}]") for i, item in enumerate(images)]
 
 
-def is_vectors(x: Any) -> bool:
-    """Embeddings rather than images: a float numpy array or tensor of one (D,) or several (N, D) rows."""
+def is_vectors(x: Any, what: str = "the queries", images_too: bool = True) -> bool:
+    """Embeddings rather than images: a float numpy array of one (D,) or several (N, D) rows, or a float tensor of
+    one (D,) row, or of (N, D) rows where no image is taken (``images_too`` False: an index without a run). Where
+    images are taken too, a float (H, W) tensor is refused: ``TrainedRun.embed`` takes it as one gray image
+    (torchvision's layout), and reading it as H embeddings answered another question than the one asked."""
     if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.ndim == 2 and images_too:
+            rows, width = x.shape
+            raise DataError(f"{what} are a float tensor of shape ({rows}, {width}): one gray image to "
+                            f"TrainedRun.embed, {rows} embeddings of {width} dimensions to an index. Say which: "
+                            "embeddings as a numpy array (x.numpy()), or the image as a list ([x]) or a (1, H, W) "
+                            "tensor (x[None])")
         return x.is_floating_point() and x.ndim in (1, 2)
     return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) and x.ndim in (1, 2)
 
 
+def embedding_rows(x: Any, what: str) -> np.ndarray:
+    """``x`` (a numpy array or tensor, or what numpy makes an array of) as a real (N, D) array: one (D,) row or
+    several (N, D) rows of real numbers (float or integer); anything else is one ``IndexStoreError``."""
+    array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if array.dtype == bool or not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise IndexStoreError(f"{what} must be real numbers (float or integer), got an array of {array.dtype}")
+    if array.ndim not in (1, 2) or 0 in array.shape[1:] or array.ndim == 1 and not array.size:
+        raise IndexStoreError(f"{what} must be one (D,) row or an (N, D) array of rows, got shape {array.shape}")
+    return np.atleast_2d(array)
+
+
 def unit_rows(x: np.ndarray | torch.Tensor, dim: int | None, what: str) -> np.ndarray:
     """(N, D) float32 rows of ``x`` l2-normalised (an index scores by inner product: cosine for unit rows)."""
-    array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    array = np.atleast_2d(array).astype(np.float32)
+    array = embedding_rows(x, what).astype(np.float32)
     if dim is not None and array.shape[1] != dim:
         raise IndexStoreError(f"{what} have {array.shape[1]} dimensions; the index holds {dim}-d embeddings")
     if not np.isfinite(array).all():

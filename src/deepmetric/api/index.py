@@ -212,6 +212,11 @@ class Index(IndexSearcher):
                 + (f", {pending} unsaved" if pending else "") + ")")
 
     @property
+    def _embeds_images(self) -> bool:
+        """Whether this index can embed images (it has a run, or its model record names one)."""
+        return self._run is not None or "checkpoint" in self.manifest.model
+
+    @property
     def run(self) -> TrainedRun:
         """The model that embeds images for this index: the run it was built or opened with, else the one its
         model record names (loaded on first use)."""
@@ -235,13 +240,14 @@ class Index(IndexSearcher):
     def add(self, images: Any, names: Sequence[str] | None = None, batch_size: int | None = None,
             progress: bool | None = None) -> list[int]:
         """Add images (as ``build`` takes them, embedded by ``run``) or embeddings (a float (N, D) or (D,) array or
-        tensor, l2-normalised here); returns their ids. Nothing is skipped (``deepmetric index --add`` skips files
+        tensor, l2-normalised here; a float (N, D) tensor only to an index without a run, as ``search`` says);
+        returns their ids. Nothing is skipped (``deepmetric index --add`` skips files
         already indexed); ``save`` writes them.
 
         Examples:
             >>> ids = index.add(["new/1.jpg", "new/2.jpg"], names=["one", "two"]); index.save()
         """
-        if is_vectors(images):
+        if is_vectors(images, "the images", self._embeds_images):
             x = unit_rows(images, self.embedding_dim, "the embeddings")
             records = _vector_records(len(x), names)
         else:
@@ -266,9 +272,11 @@ class Index(IndexSearcher):
         ``name``, cosine ``score``) per query, also for a single query.
 
         Args:
-            queries: embeddings, a float (N, D) or (D,) numpy array or tensor (l2-normalised here); or images as
+            queries: embeddings, a float (N, D) or (D,) numpy array or (D,) tensor (l2-normalised here); or images as
                 ``TrainedRun.embed`` takes them (a path, a PIL image, a uint8 array, or a list), embedded by
-                ``run``: the same hits as ``deepmetric search INDEX --image FILE``.
+                ``run``: the same hits as ``deepmetric search INDEX --image FILE``. A float (N, D) tensor is
+                embeddings for an index without a run; one with a run refuses it, as ``TrainedRun.embed`` takes it
+                for one gray (H, W) image: give ``x.numpy()`` for embeddings, ``[x]`` for an image.
             k: how many hits per query.
             batch_size: images per forward pass, as ``TrainedRun.embed``.
             progress: a progress bar, as ``TrainedRun.embed``.
@@ -278,7 +286,7 @@ class Index(IndexSearcher):
             >>> [(h.name, round(h.score, 3)) for h in hits]
         """
         check_k(k)  # before any embedding work
-        if is_vectors(queries):
+        if is_vectors(queries, "the queries", self._embeds_images):
             x = unit_rows(queries, self.embedding_dim, "the queries")
         else:
             x = self.run.embed(queries, batch_size=batch_size, progress=progress)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DataError
 from ..evaluation import EmbedSettings, embed_table
 from ..models import Embedder
 from ..training.run_dir import RunDir, load_run_checkpoint, model_from_checkpoint
@@ -21,6 +22,16 @@ from ..training.setup import resolve_device
 from .image_inputs import ImageInput, ImagesTable, image_items
 
 CHECKPOINTS = ("auto", "best", "last")
+
+
+def check_batch_size(batch_size: Any) -> int | None:
+    """``batch_size`` as an ``int`` (numpy's integers too), or None; refused when it is not a whole number >= 1 (0 fell
+    back to the run's default silently; -1, 2.5 and '4' were errors from torch's DataLoader or a comparison)."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+                                   or batch_size < 1):
+        raise DataError(f"batch_size must be a whole number of images, 1 or more (or None: the run's eval.batch_size), "
+                        f"not {batch_size!r}")
+    return None if batch_size is None else int(batch_size)
 
 
 class TrainedRun:
@@ -79,6 +90,7 @@ class TrainedRun:
         """How ``count`` images are embedded: the run's settings, as ``deepmetric embed`` takes them
         (``EmbedSettings.from_config``), with this run's size and resize. ``progress`` None: a bar (on standard
         error) when there is more than one batch. A single batch is decoded in this process, without workers."""
+        batch_size = check_batch_size(batch_size)
         settings = EmbedSettings.from_config(self.config, self.device, False, batch_size)
         show = count > settings.batch_size if progress is None else progress
         settings = dataclasses.replace(settings, image_size=self.image_size, test_resize=self.test_resize,
@@ -105,6 +117,7 @@ class TrainedRun:
             >>> x = run.embed(["cat.png", np.zeros((32, 32, 3), np.uint8)])
             >>> x.shape, float(x[0] @ x[1])   # ((2, D), the cosine similarity of the two)
         """
+        batch_size = check_batch_size(batch_size)
         items = image_items(images)
         if device is not None:
             self.to(device)

@@ -24,6 +24,12 @@ def printable(text: str) -> str:
     return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
+def one_line(text: object) -> str:
+    """``text`` as one field of one line: control characters escaped, line breaks too (an item named ``a\nb`` in an
+    index made ``search`` print a line of its own, which read as one more hit)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(text))
+
+
 def say(text: object) -> None:
     """Print one result to standard output, control characters escaped (``printable``): every command's output
     goes through here, since results quote file names (``search`` printed an ESC sequence in one raw)."""
@@ -242,11 +248,12 @@ def cmd_search(args: argparse.Namespace) -> int:
             say(to_json({"query": str(query), "results": [h.to_dict() for h in hits]}))
             continue
         if len(queries) > 1:
-            say(("\n" if number else "") + f"query {query}")
-        width = max(len(h.name) for h in hits)
+            say(("\n" if number else "") + f"query {one_line(query)}")
+        names = [one_line(h.name) for h in hits]
+        width = max(map(len, names))
         say(f"{'rank':>4}  {'score':>7}  {'id':>7}  name")
-        for rank, hit in enumerate(hits, 1):
-            say(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {hit.name:<{width}}")
+        for rank, (hit, name) in enumerate(zip(hits, names, strict=True), 1):
+            say(f"{rank:>4}  {hit.score:>7.4f}  {hit.id:>7}  {name:<{width}}")
     return 0
 
 

@@ -6,63 +6,27 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError
+from ..io import MalformedFile, NotParsable
+from ..io import load_yaml as load_yaml_text
 from ..presets import resolve as resolve_preset
 from .sections import RunConfig
 
 SECTIONS = (*(f.name for f in dataclasses.fields(RunConfig)), "extends")
 """The top-level keys a config file may hold."""
 
-MAX_YAML_NODES = 20_000
-"""Most values a config or study file may hold once its YAML aliases are expanded. A config file holds a few hundred;
-an alias bomb (each anchor referring to the previous one nine times: 243 bytes) holds billions, and printing,
-merging or checking it ran for minutes and printed megabytes."""
 MAX_EXTENDS = 32
 """Most files one chain of ``extends:`` may read."""
 
 
-def expanded_size(value: Any, limit: int = MAX_YAML_NODES) -> int:
-    """How many values ``value`` holds with every shared (aliased) part counted each time it is used, computed in
-    time linear in the distinct objects (each one's size is remembered), stopping past ``limit``; a value that
-    contains itself (``&a [*a]``) counts as past the limit."""
-    sizes: dict[int, int] = {}
-    open_: set[int] = set()
-
-    def size(item: Any) -> int:
-        if not isinstance(item, dict | list):
-            return 1
-        key = id(item)
-        if key in sizes:
-            return sizes[key]
-        if key in open_:
-            return limit + 1
-        open_.add(key)
-        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-        total = 1
-        for child in children:
-            total += size(child)
-            if total > limit:
-                break
-        open_.discard(key)
-        sizes[key] = total
-        return total
-
-    return size(value)
-
-
 def read_yaml(text: str, source: str) -> Any:
-    """``yaml.safe_load`` of ``text`` (named ``source`` in messages), refused when its expansion holds more than
-    ``MAX_YAML_NODES`` values or contains itself."""
+    """``deepmetric.io.load_yaml`` of ``text`` (named ``source`` in messages): a ``ConfigError`` for invalid YAML, a
+    key repeated in one mapping, nesting deeper than ``MAX_NESTING``, or more than ``MAX_YAML_NODES`` values once its
+    aliases are expanded."""
     try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise ConfigError(f"{source} nests too deeply to be a config") from None
-    if expanded_size(data) > MAX_YAML_NODES:
-        raise ConfigError(f"{source} expands to more than {MAX_YAML_NODES:,} values through its YAML aliases "
-                          "(&anchor / *alias), or contains itself; a config holds a few hundred")
-    return data
+        return load_yaml_text(text)
+    except MalformedFile as error:
+        raise ConfigError(error.naming(source)) from None
 
 
 def nest(dotted: str, value: Any) -> dict[str, Any]:
@@ -83,9 +47,11 @@ def parse_override(text: str) -> dict[str, Any]:
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
     try:
-        value = read_yaml(raw, f"override '{key}'") if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml_text(raw) if raw.strip() else ""
+    except NotParsable:  # read as text: train.device=cuda:0 [sic]
         value = raw
+    except MalformedFile as error:
+        raise ConfigError(error.naming(f"override '{key}'")) from None
     return nest(key, value)
 
 
@@ -112,8 +78,6 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
                           f"(reached {path})")
     try:
         data = read_yaml(path.read_text(), f"config file {path}")
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not text (YAML in UTF-8)") from None
     if data is None:
@@ -131,10 +95,9 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def extended(path: Path, parent: Any) -> Path:
-    """The file that ``extends: parent`` in ``path`` names: relative to ``path``'s folder, else a packaged preset."""
+    """The file that ``extends: parent`` in ``path`` names: relative to ``path``'s folder (``base`` there is
+    ``base.yaml`` or ``base.yml`` when no file is named ``base``), else a packaged preset; never a file of the working
+    directory (``extends: base`` read ``./base.yaml`` of wherever the command ran)."""
     if not isinstance(parent, str) or not parent.strip():
         raise ConfigError(f"config file {path}: 'extends' must name a YAML file or a preset, got {parent!r}")
-    relative = path.parent / parent
-    if relative.is_file():
-        return relative
-    return resolve_preset(parent, "config", what=f"{path}: extends")
+    return resolve_preset(parent, "config", what=f"{path}: extends", relative_to=path.parent)

@@ -4,6 +4,8 @@ and their options (before any data is read)."""
 from __future__ import annotations
 
 import math
+import types
+import typing
 from typing import Any
 
 from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
@@ -19,7 +21,17 @@ from .sections import (
     RunConfig,
     TrainConfig,
 )
-from .values import coerce_float
+from .values import SCALARS, apply_values, coerce, coerce_float
+
+MAX_SEED = 2**32 - 1
+"""Seeds (``train.seed``, ``data.seed``, ``data.val_seed``) are integers from 0 to this, the range numpy's and
+Python's generators are seeded with everywhere (-1 and 2**70 were tracebacks from numpy and torch)."""
+MAX_EMBEDDING_DIM = 65_536
+"""Widest ``model.embedding_dim``: the papers use 64 to 8,192 (HORDE's high orders), and 10**12 was an attempt to
+allocate 128 TB."""
+MAX_WORKERS = 128
+"""Most ``data.num_workers``: each is a process decoding images; the default starts at most 12, and 1,000,000 was
+accepted and started."""
 
 
 def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...]) -> None:
@@ -27,6 +39,18 @@ def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...])
         value = getattr(values, name)
         if value is not None and value < minimum:
             raise ConfigError(f"{section}.{name} must be at least {minimum:g}, got {value}")
+
+
+def _at_most(section: str, values: Any, maximum: int, names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        value = getattr(values, name)
+        if value is not None and value > maximum:
+            raise ConfigError(f"{section}.{name} must be at most {maximum:,} ({why}), got {value:,}")
+
+
+def _seeds(section: str, values: Any, names: tuple[str, ...]) -> None:
+    _at_least(section, values, 0, names)
+    _at_most(section, values, MAX_SEED, names, "2**32 - 1: the seeds numpy takes")
 
 
 def _validate_data(d: DataConfig) -> None:
@@ -46,12 +70,50 @@ def _validate_data(d: DataConfig) -> None:
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
     _at_least("data", d, 0, ("num_workers",))
+    _at_most("data", d, MAX_WORKERS, ("num_workers",), "each is a process decoding images")
+    _seeds("data", d, ("seed", "val_seed"))
 
 
 def _validate_model(m: ModelConfig) -> None:
     if m.freeze_bn not in (True, False, "stats"):
         raise ConfigError(f"model.freeze_bn must be true, false or stats, got {m.freeze_bn!r}")
     _at_least("model", m, 0, ("embedding_dim",))
+    _at_most("model", m, MAX_EMBEDDING_DIM, ("embedding_dim",), "the papers use 64 to 8,192")
+
+
+def _scalar_type(annotation: Any) -> bool:
+    """Whether ``annotation`` is a scalar the config types (``int``), or a union of those and None."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
+        annotation,)
+    return all(arg in SCALARS or arg is type(None) for arg in args)
+
+
+def typed_head_options(head: str, options: dict[str, Any], prefix: str = "model.head_options") -> dict[str, Any]:
+    """``options`` of head ``head``, every name checked (``HEADS.check``) and every value of a scalar type coerced to
+    the type the head declares, as the config types its own keys (``codewords: many`` was a ``TypeError``
+    traceback from inside the head)."""
+    from ..models.heads import check_head_options
+
+    cls = check_head_options(head, options)
+    declared = cls.option_types()
+    return {name: coerce(value, declared[name], f"{prefix}.{name}") if _scalar_type(declared[name]) else value
+            for name, value in options.items()}
+
+
+def model_spec_config(spec: dict[str, Any]) -> ModelConfig:
+    """A checkpoint's ``model_spec`` (the ``model`` section it was trained with, as ``Embedder.spec`` holds it) typed
+    and checked as the config's ``model`` section is: the same types, bounds, head names and options, so a file can
+    ask for nothing the config would refuse (``head_options: {trust_pickle: true, weights: x.pth}`` reached
+    ``create_model`` as its own keywords and loaded a pickle without --trust-pickle)."""
+    model = ModelConfig()
+    apply_values(model, spec, prefix="model.")
+    _validate_model(model)
+    _finite_options("model.head_options", model.head_options)
+    from ..models.backbones import check_backbone_name
+
+    check_backbone_name(model.backbone)
+    model.head_options = typed_head_options(model.head, model.head_options)
+    return model
 
 
 def _validate_loss(loss: LossConfig) -> None:
@@ -63,6 +125,7 @@ def _validate_loss(loss: LossConfig) -> None:
 
 def _validate_train(t: TrainConfig) -> None:
     _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads"))
+    _seeds("train", t, ("seed",))
     _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
     if t.lr_schedule not in LR_SCHEDULES:
         raise ConfigError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{t.lr_schedule}'")
@@ -150,10 +213,9 @@ def _check_names(config: RunConfig) -> None:
     built or read (a typo should not wait for an image audit of the whole data set)."""
     from ..losses import check_loss_options, check_regularizer_options
     from ..models.backbones import check_backbone_name
-    from ..models.heads import check_head_options
 
     check_backbone_name(config.model.backbone)
-    check_head_options(config.model.head, config.model.head_options)
+    config.model.head_options = typed_head_options(config.model.head, config.model.head_options)
     check_loss_options(config.loss.name, config.loss.options, config.loss.miner, config.loss.miner_options)
     for name, options in (config.loss.regularizers or {}).items():
         check_regularizer_options(name, options)

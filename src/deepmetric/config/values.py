@@ -64,7 +64,7 @@ def _coerce_union(value: Any, args: tuple[Any, ...], annotation: Any, key: str) 
         if arg is type(None):
             continue
         try:
-            return _coerce(value, arg, key)
+            return coerce(value, arg, key)
         except ConfigError:
             continue
     raise ConfigError(f"config key '{key}': {value!r} is not a valid {annotation}")
@@ -78,13 +78,13 @@ def _coerce_sequence(value: Any, origin: Any, args: tuple[Any, ...], key: str) -
     if origin is tuple and args and args[-1] is not Ellipsis:
         if len(value) != len(args):
             raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
+        return tuple(coerce(v, a, key) for v, a in zip(value, args, strict=True))
     item_type = args[0] if args else Any
-    coerced = [_coerce(v, item_type, key) for v in value]
+    coerced = [coerce(v, item_type, key) for v in value]
     return tuple(coerced) if origin is tuple else coerced
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
+def coerce(value: Any, annotation: Any, key: str) -> Any:
     """Coerce a YAML value to the annotated type, or raise a ConfigError naming the key."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -137,7 +137,7 @@ def apply_values(target: Any, values: dict[str, Any], prefix: str = "") -> None:
             merged.update(value)
             setattr(target, key, merged)
         else:
-            setattr(target, key, _coerce(value, hints[key], full))
+            setattr(target, key, coerce(value, hints[key], full))
 
 
 def _all_keys() -> list[str]:

@@ -15,8 +15,14 @@ published archive is refused with one message naming it, before anything is down
 folder with the project's marker (a build of another archive, or one whose files were removed since) is replaced.
 
 Two processes fetching the same data set at once (two trainings started together) take turns on
-``$DEEPMETRIC_DATA/.cub.lock``: the second waits, saying so, and then uses the first one's build instead of
-appending a second download to the same ``.part``.
+``$DEEPMETRIC_DATA/.cub.lock``: the second waits, saying so, and then uses the first one's build instead of appending a
+second download to the same ``.part``.
+
+What a server sends is bounded before it is written: a ``Content-Length`` beyond the published size is refused before
+the first byte, and a body streamed without one is cut at the published size (a server streaming without a length
+wrote 31.5 MB for a 1.3 kB archive, all before the MD5 check); the unpacked files are bounded by the table's
+``max_unpacked`` bytes and ``max_files`` entries, summed from the tar headers before each file is written (a 293 kB
+archive became 300 MB).
 
 Cars-196, Stanford Online Products and In-Shop are not fetched: their official hosts no longer serve the archives
 reliably, and copies elsewhere are not the publishers'. ``MANUAL`` says where the official files are and the layout
@@ -68,6 +74,10 @@ class Archive:
     page: str
     folder: str
     expected: tuple[str, ...]
+    max_unpacked: int
+    """Most bytes its files may hold once unpacked: what the published archive holds, with room to spare."""
+    max_files: int
+    """Most entries (files, folders, links) it may unpack."""
 
     @property
     def filename(self) -> str:
@@ -79,7 +89,10 @@ ARCHIVES: dict[str, Archive] = {
         url="https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz",
         md5="97eceeb196236b17998738112f37df78", size=1_150_585_339,
         page="https://data.caltech.edu/records/65de6-vp158", folder="CUB_200_2011",
-        expected=("images.txt", "image_class_labels.txt", "images/")),
+        expected=("images.txt", "image_class_labels.txt", "images/"),
+        # 11,788 JPEGs (which gzip does not shrink) and a few text files in about 12,000 entries: it unpacks to
+        # about its own size; 2 GB and 50,000 entries leave room to spare and stop a decompression bomb.
+        max_unpacked=2_000_000_000, max_files=50_000),
 }
 """The archives fetched when a spec names no path, by data set (``cub-cropped`` reads ``cub``'s)."""
 
@@ -163,6 +176,11 @@ def _attempt(name: str, archive: Archive, part: Path, progress: bool) -> None:
             mode, have = "wb", 0
         length = response.headers.get("Content-Length")
         total = have + int(length) if length and length.isdigit() else archive.size
+        if total > archive.size:  # before the free space: 10**15 bytes were reported as "no space left"
+            raise DataError(f"{name}: {archive.url} announces {total:,} bytes, more than the published "
+                            f"{archive.size:,} of {archive.filename}: it is not the published archive, and nothing of "
+                            f"it was written; download it from {archive.page} yourself, unpack it and use --data "
+                            f"{name}:PATH")
         free = shutil.disk_usage(part.parent).free
         if free < total - have:
             raise _no_space(name, part.parent, total - have, f"the download of {archive.filename}")
@@ -179,6 +197,13 @@ def _attempt(name: str, archive: Archive, part: Path, progress: bool) -> None:
                                    f"bytes ({type(error).__name__}: {error})") from None
                     if not block:
                         break
+                    if written + len(block) > archive.size:  # a body without a length, streamed on and on
+                        handle.close()
+                        part.unlink(missing_ok=True)
+                        raise DataError(f"{name}: {archive.url} sent more than the published {archive.size:,} bytes "
+                                        f"of {archive.filename}: it is not the published archive; what it sent was "
+                                        "deleted. Run again to download it anew, or download it from "
+                                        f"{archive.page} yourself, unpack it and use --data {name}:PATH")
                     try:
                         _write_block(handle, block)
                     except OSError as error:
@@ -241,9 +266,16 @@ def unpack(name: str, archive: Archive, source: Path, tmp: Path, progress: bool 
     """Unpack ``source`` into ``tmp`` and check that ``tmp/<folder>`` holds ``archive.expected``."""
     from ..progress import progress_bar
 
+    unpacked = files = 0
     try:
         with tarfile.open(source) as tar:
             for member in progress_bar(tar, desc=f"unpacking {name}", unit="file", disable=not progress):
+                unpacked, files = unpacked + max(member.size, 0), files + 1
+                if unpacked > archive.max_unpacked or files > archive.max_files:  # before the member is written
+                    raise DataError(f"{name}: {source} unpacks to more than {archive.max_unpacked:,} bytes or "
+                                    f"{archive.max_files:,} entries (reached {unpacked:,} bytes in {files:,} at "
+                                    f"{member.name!r}), far more than the published {archive.filename} holds; "
+                                    "unpacking stopped and what was unpacked is removed")
                 _extract(tar, member, tmp)
     except OSError as error:
         if error.errno == errno.ENOSPC:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import itertools
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from .backbones import create_backbone
 from .heads import Head, HeadOutput, build_head, head_class
 from .modes import eval_mode
@@ -70,6 +75,47 @@ class Embedder(nn.Module):
         return {name: params for name, params in groups.items() if params}
 
 
+MAX_MODEL_VALUES = 2_000_000_000
+"""Most parameters and buffers a model may hold (8 GiB in float32): far above any model here (the largest preset, 8
+GoogLeNet heads, holds 44 million; timm's largest ViTs about 1.8 billion), far below what a crafted checkpoint or a
+typo asked for (``embedding_dim`` 3 x 10**9: 384 GB; JCF with 10**7 codewords: 10 GB). ``plan_model`` counts a
+model's size on torch's meta device before any memory is allocated."""
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """No log records of deepmetric's and no Python warnings: the plan's build says nothing that the real build
+    will say again."""
+    logger = logging.getLogger("deepmetric")
+
+    def drop_all(record: logging.LogRecord) -> bool:
+        return False
+
+    logger.addFilter(drop_all)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeFilter(drop_all)
+
+
+def plan_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, split: str | None = None,
+               freeze_bn: bool | str = True, **head_options: Any) -> Embedder:
+    """The model ``create_model`` would build, on torch's meta device (shapes only: no memory, no weights read),
+    once it is known to hold at most ``MAX_MODEL_VALUES`` parameters and buffers; else a ``ConfigError`` giving its
+    size."""
+    with torch.device("meta"), _silenced():
+        plan = _build(backbone, head, embedding_dim, False, split, freeze_bn, None, False, head_options)
+    values = sum(tensor.numel() for tensor in itertools.chain(plan.parameters(), plan.buffers()))
+    if values > MAX_MODEL_VALUES:
+        options = "".join(f", {name}={value!r}" for name, value in head_options.items())
+        raise ConfigError(f"the model {backbone} + {head} (embedding_dim={embedding_dim}{options}) would hold "
+                          f"{values:,} parameters and buffers ({values * 4 / 2**30:,.1f} GiB in float32); deepmetric "
+                          f"builds at most {MAX_MODEL_VALUES:,} (the largest preset holds 44 million)")
+    return plan
+
+
 def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int = 512, pretrained: bool = True,
                  split: str | None = None, freeze_bn: bool | str = True, weights: str | None = None,
                  trust_pickle: bool = False, **head_options: Any) -> Embedder:
@@ -90,8 +136,23 @@ def create_model(backbone: str = "lite0", head: str = "gap", embedding_dim: int 
 
     Returns:
         The ``Embedder``: RGB images in [0, 1] (B, 3, H, W) -> ``HeadOutput``; ``embed`` gives (B, D) l2-normalised
-        embeddings in eval mode.
+        embeddings in eval mode. A model of more than ``MAX_MODEL_VALUES`` parameters and buffers is refused before
+        any of it is allocated (``plan_model``).
     """
+    plan_model(backbone, head, embedding_dim, split, freeze_bn, **head_options)
+    return _build(backbone, head, embedding_dim, pretrained, split, freeze_bn, weights, trust_pickle, head_options)
+
+
+def build_plan(plan: Embedder) -> Embedder:
+    """The model ``plan`` (``plan_model``) describes, built for real with fresh weights (none read), for a
+    checkpoint's weights to be loaded into once the plan's shapes were checked against them."""
+    spec = dict(plan.spec)
+    return _build(spec["backbone"], spec["head"], spec["embedding_dim"], False, spec["split"], spec["freeze_bn"], None,
+                  False, spec["head_options"])
+
+
+def _build(backbone: str, head: str, embedding_dim: int, pretrained: bool, split: str | None, freeze_bn: bool | str,
+           weights: str | None, trust_pickle: bool, head_options: dict[str, Any]) -> Embedder:
     cls = head_class(head)
     split = split if split is not None else cls.default_split(backbone, **head_options)
     net = create_backbone(backbone, pretrained=pretrained, split=split, freeze_bn=freeze_bn, weights=weights,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from ..data import check_data_path
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
-from ..io import atomic_write_text, check_writable, refuse_folder
+from ..io import atomic_write_text, check_writable, read_json_object, refuse_folder
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import load_table, resolve_device
 from . import figures
@@ -58,13 +57,7 @@ def _number(value: Any) -> str:
 
 def _read_record(path: Path) -> dict[str, Any]:
     """A JSON object the run wrote (metrics, baseline, every-embedding record); one error naming it otherwise."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise DeepMetricError(f"{path} is not the JSON deepmetric writes ({error})") from None
-    if not isinstance(record, dict):
-        raise DeepMetricError(f"{path} is not the JSON deepmetric writes (a {type(record).__name__}, not an object)")
-    return record
+    return read_json_object(path)
 
 
 def _mapping(value: Any) -> dict[Any, Any]:

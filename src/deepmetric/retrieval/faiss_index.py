@@ -109,3 +109,23 @@ def deserialize(data: bytes, nprobe: int | None = None) -> Any:
     if nprobe is not None:
         faiss.extract_index_ivf(index).nprobe = nprobe
     return index
+
+
+def stored_ids(index: Any) -> np.ndarray | None:
+    """The item ids an IVF index stores in its inverted lists (each search answers with these), all lists together;
+    None for an index of another kind (a flat index's ids are its row numbers)."""
+    faiss = faiss_module()
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+    lists = ivf.invlists
+    parts = [faiss.rev_swig_ptr(lists.get_ids(number), size).copy() for number in range(ivf.nlist)
+             if (size := lists.list_size(number))]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def is_flat(index: Any) -> bool:
+    """Whether ``index`` is a plain flat index (its ids are its row numbers), not one that maps them elsewhere."""
+    faiss = faiss_module()
+    return isinstance(faiss.downcast_index(index), faiss.IndexFlat)

@@ -54,7 +54,15 @@ from safetensors.numpy import save as save_safetensors
 from ..data.resizing import TEST_RESIZE_MODES
 from ..errors import IndexStoreError
 from ..folders import INDEX_MANIFEST, check_index_dir
-from ..io import atomic_write_bytes, atomic_write_text, fsync_dir, open_in_place, temporary_folder
+from ..io import (
+    MalformedFile,
+    atomic_write_bytes,
+    atomic_write_text,
+    fsync_dir,
+    load_json,
+    open_in_place,
+    temporary_folder,
+)
 from . import faiss_index
 
 FORMAT = "deepmetric-index-1"
@@ -329,10 +337,9 @@ def read_manifest(index_dir: str | Path, model: bool = False) -> IndexManifest:
     check_index_dir(index_dir)
     path = Path(index_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
-        reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)
-        raise IndexStoreError(f"{path} is not valid JSON: {reason}") from None
+        data = load_json(path.read_bytes())
+    except MalformedFile as error:
+        raise IndexStoreError(f"{path} is not a valid manifest: {error}") from None
     except OSError as error:
         raise IndexStoreError(f"{path} cannot be read: {error.strerror or error}") from None
     return _manifest_from_dict(data, path, model)
@@ -366,10 +373,31 @@ def read_faiss(index_dir: str | Path, manifest: IndexManifest) -> Any:
     if index.ntotal != manifest.count or index.d != manifest.embedding_dim:
         raise IndexStoreError(f"{path} holds {index.ntotal} vectors of {index.d} dimensions, the manifest says "
                               f"{manifest.count} of {manifest.embedding_dim}")
+    _check_ids(path, index, manifest)  # first: reconstruct_n on an IVF file aborts the process inside faiss
     vectors = np.asarray(index.reconstruct_n(0, index.ntotal)) if manifest.kind == "flat" and index.ntotal else None
     if vectors is not None and not np.isfinite(vectors).all():
         raise IndexStoreError(f"{path} holds NaN or infinite vectors; the index is damaged: rebuild it")
     return index
+
+
+def _check_ids(path: Path, index: Any, manifest: IndexManifest) -> None:
+    """Refuse a faiss file whose searches could answer an id that is no item: a flat index must be one (its ids are its
+    rows), an IVF-PQ index must store each item's id once (one beyond the count crashed ``search`` with an
+    IndexError and made ``serve`` answer 500)."""
+    ids = faiss_index.stored_ids(index)
+    if manifest.kind == "flat":
+        if ids is not None or not faiss_index.is_flat(index):
+            raise IndexStoreError(f"{path} is not the flat index the manifest says; the index is damaged: rebuild it")
+        return
+    if ids is None:
+        raise IndexStoreError(f"{path} is not the IVF-PQ index the manifest says; the index is damaged: rebuild it")
+    outside = ids[(ids < 0) | (ids >= manifest.count)]
+    if len(outside):
+        raise IndexStoreError(f"{path} holds {len(outside)} item id(s) outside 0 to {manifest.count - 1} (e.g. "
+                              f"{int(outside[0])}); the index is damaged: rebuild it")
+    if len(np.unique(ids)) != manifest.count:
+        raise IndexStoreError(f"{path} does not hold each of its {manifest.count} items once; the index is damaged: "
+                              "rebuild it")
 
 
 def _write_generation(folder: Path, manifest: IndexManifest, embeddings: np.ndarray, index: Any, home: Path) -> None:

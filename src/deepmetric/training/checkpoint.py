@@ -10,7 +10,6 @@ the new checkpoint whole.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
-from ..io import atomic_path, to_json
+from ..io import MalformedFile, atomic_path, load_json, to_json
 
 FORMAT = "deepmetric-checkpoint-1"
 PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
@@ -64,10 +63,13 @@ def _state(path: Path, metadata: dict[str, str]) -> dict[str, Any]:
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a safetensors file but not a deepmetric checkpoint "
                               f"(format {metadata.get('format')!r})")
+    if not isinstance(metadata.get("state"), str):
+        raise CheckpointError(f"{path} has a damaged header: its 'state' is missing")
     try:
-        state = json.loads(metadata["state"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path} has a damaged header: its 'state' is missing or not JSON ({error!r})") from None
+        state = load_json(metadata["state"])
+    except MalformedFile as error:
+        raise CheckpointError(f"{path} has a damaged header: its 'state' is not the JSON deepmetric writes "
+                              f"({error})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} has a damaged header: its 'state' is not a JSON object")
     return state
@@ -96,9 +98,11 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
         start += handle.read(min(int.from_bytes(start, "little"), path.stat().st_size))
     _refuse_pickle(path, start)
     try:
-        metadata = json.loads(start[8:]).get("__metadata__", {}) or {}
-    except (ValueError, AttributeError) as error:
+        metadata = load_json(start[8:]).get("__metadata__", {}) or {}
+    except (MalformedFile, AttributeError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {error}") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: its __metadata__ is not an object")
     return _state(path, metadata)
 
 

@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import fnmatch
 import hashlib
-import json
 import logging
 import os
 import re
@@ -29,13 +28,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ..config import RunConfig, config_from_dict
+from ..config.validate import model_spec_config
 from ..errors import CheckpointError, DeepMetricError, RunInUse
 from ..folders import RUN_CONFIG, check_run_dir
-from ..io import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, open_in_place, to_json, unprefixed
-from ..models import Embedder, create_model
+from ..io import (
+    TEMPORARY_PREFIX,
+    TEMPORARY_SUFFIX,
+    MalformedFile,
+    NotParsable,
+    atomic_write_text,
+    load_json,
+    load_yaml,
+    open_in_place,
+    to_json,
+    unprefixed,
+)
+from ..models import Embedder
+from ..models.embedder import build_plan, plan_model
 from .checkpoint import load_checkpoint
 
 log = logging.getLogger("deepmetric")
@@ -142,7 +153,7 @@ class RunDir:
 
     def _damaged_sessions(self) -> bool:
         try:
-            sessions = json.loads(self.environment.read_text())["sessions"]
+            sessions = load_json(self.environment.read_bytes())["sessions"]
             return not isinstance(sessions, list)
         except (ValueError, KeyError, TypeError, RecursionError):
             return True
@@ -155,7 +166,7 @@ class RunDir:
         if self._damaged_sessions():
             log.warning("%s is damaged (not the JSON deepmetric writes); its sessions are not read", self.environment)
             return []
-        return json.loads(self.environment.read_text())["sessions"]
+        return load_json(self.environment.read_bytes())["sessions"]
 
     @property
     def baseline(self) -> Path:
@@ -284,10 +295,13 @@ class RunDir:
     def config(self) -> RunConfig:
         check_run_dir(self.path)
         try:
-            data = yaml.safe_load(self.config_path.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
-            raise DeepMetricError(f"{self.config_path} is not valid YAML ({type(error).__name__}); it is the run's "
-                                  "resolved config, rewrite it or start a new run") from None
+            data = load_yaml(self.config_path.read_text()) or {}
+        except UnicodeDecodeError:
+            raise DeepMetricError(f"{self.config_path} is not valid YAML (not UTF-8 text); it is the run's resolved "
+                                  "config, rewrite it or start a new run") from None
+        except MalformedFile as error:
+            raise DeepMetricError(f"{error.naming(self.config_path)}; it is the run's resolved config, rewrite it "
+                                  "or start a new run") from None
         if not isinstance(data, dict):
             raise DeepMetricError(f"{self.config_path} must hold a mapping of config sections")
         return config_from_dict(data)
@@ -336,16 +350,22 @@ class RunDir:
         warning, a damaged line elsewhere is an error naming it."""
         if not self.metrics_log.is_file():
             return []
-        lines = [(n, line) for n, line in enumerate(self.metrics_log.read_text(errors="replace").splitlines(), 1)
+        lines = [(n, line) for n, line in enumerate(self.metrics_log.read_text(errors="replace").split("\n"), 1)
                  if line.strip()]
         records = []
         for position, (number, line) in enumerate(lines):
             try:
-                records.append(json.loads(line))
-            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
-                if position < len(lines) - 1:
-                    raise DeepMetricError(f"{self.metrics_log} line {number} is not JSON; the log is damaged") from None
+                record = load_json(line)
+            except MalformedFile as error:
+                if position < len(lines) - 1 or not isinstance(error, NotParsable):
+                    raise DeepMetricError(f"{self.metrics_log} line {number} is not a JSON object ({error}); the "
+                                          "log is damaged") from None
                 log.warning("%s: its last line (%d) was cut short and is left out", self.metrics_log, number)
+                continue
+            if not isinstance(record, dict):
+                raise DeepMetricError(f"{self.metrics_log} line {number} is not a JSON object (a "
+                                      f"{type(record).__name__}); the log is damaged")
+            records.append(record)
         return records
 
 
@@ -361,22 +381,45 @@ def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], 
     spec = state.get("model_spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("head_options", {}), dict):
         raise CheckpointError(f"{path} has no model_spec describing its model (a damaged or hand-edited header)")
-    spec = dict(spec)
     unknown = sorted(set(spec) - MODEL_SPEC_KEYS)
     if unknown:
         raise CheckpointError(f"{path}: its model_spec has unknown key(s) {unknown}; expected "
                               f"{', '.join(sorted(MODEL_SPEC_KEYS))}")
-    options = spec.pop("head_options", {})
-    model = create_model(pretrained=False, **spec, **options)
     weights = unprefixed("model", tensors)
     damaged = [name for name, value in weights.items() if value.is_floating_point() and not value.isfinite().all()]
     if damaged:
         raise CheckpointError(f"{path} holds NaN or infinite weights ({len(damaged)} tensors, e.g. {damaged[0]})")
-    result = model.load_state_dict(weights, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{path} does not fit the model it describes: missing {result.missing_keys[:5]}, "
-                              f"unexpected {result.unexpected_keys[:5]}")
+    plan = planned_model(spec, path)
+    expected = {name: tuple(value.shape) for name, value in plan.state_dict().items()}
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected]
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit the model it describes: missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}")
+    misshapen = [f"{name} {tuple(weights[name].shape)} (expected {shape})" for name, shape in expected.items()
+                 if tuple(weights[name].shape) != shape]
+    if misshapen:  # found on the plan, before the model's memory is allocated
+        raise CheckpointError(f"{path} does not fit the model it describes: {len(misshapen)} tensor(s) of another "
+                              f"shape, e.g. {misshapen[0]}")
+    model = build_plan(plan)
+    model.load_state_dict(weights)
     return model.to(device).eval()
+
+
+def planned_model(spec: dict[str, Any], path: Path) -> Embedder:
+    """The model a checkpoint's ``model_spec`` describes, on the meta device (``plan_model``), once the spec is typed
+    and checked as the config's ``model`` section (``model_spec_config``): a crafted header can ask for no option the
+    head does not declare (``weights``, ``trust_pickle``), no value of another type or out of bounds, and no model
+    above ``MAX_MODEL_VALUES``. Each refusal is one ``CheckpointError`` naming the file."""
+    try:
+        model = model_spec_config(spec)
+        return plan_model(model.backbone, model.head, model.embedding_dim, model.split, model.freeze_bn,
+                          **model.head_options)
+    except DeepMetricError as error:
+        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: {error}") from None
+    except (TypeError, ValueError, RuntimeError) as error:  # a head option out of the head's range
+        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: "
+                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
 
 
 def load_run_checkpoint(run_dir: str | Path, which: str = "auto", device: str | torch.device = "cpu"

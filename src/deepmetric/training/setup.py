@@ -17,6 +17,9 @@ from ..evaluation import EmbedSettings, evaluate
 from ..models import Embedder, create_model
 from ..provenance import evaluation_environment
 
+COMPUTE_DEVICES = ("cpu", "cuda")
+"""The device types deepmetric runs a model on (torch knows 20 more: ``meta`` holds shapes without numbers)."""
+
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``train.device`` as a device (auto: this rank's GPU, else the CPU). ``cuda`` without an index is this rank's
@@ -30,6 +33,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise DeepMetricError(f"device '{name}' is not one torch knows: give auto, cpu, cuda or cuda:N") from None
+    if device.type not in COMPUTE_DEVICES:  # load_run(device='meta') loaded a run that could embed nothing
+        raise DeepMetricError(f"device '{name}' is not one deepmetric computes on: give auto, cpu, cuda or cuda:N")
     if device.type == "cuda":
         if device.index is None:  # torch.cuda.set_device refuses a device without an index
             device = torch.device("cuda", local_rank)

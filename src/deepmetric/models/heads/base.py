@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,18 @@ class Head(nn.Module):
             if not any(p.kind == p.VAR_KEYWORD for p in parameters):
                 break
         return names
+
+    @classmethod
+    def option_types(cls) -> dict[str, Any]:
+        """Each option's declared type (its annotation in ``from_backbone`` or ``__init__``, as ``option_names`` finds
+        it), for the config to check a value before the head is built; an option without one is ``Any``."""
+        from ..backbones import Backbone  # named in from_backbone's annotations, imported only for type checks
+
+        hints: dict[str, Any] = {}
+        for builder in (cls.from_backbone, cls.__init__):
+            for name, hint in typing.get_type_hints(builder, localns={"Backbone": Backbone}).items():
+                hints.setdefault(name, hint)
+        return {name: hints.get(name, Any) for name in cls.option_names()}
 
     def pretrained_parameters(self) -> list[nn.Parameter]:
         return [p for name in self.pretrained_modules for p in getattr(self, name).parameters()]
