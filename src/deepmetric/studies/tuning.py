@@ -33,7 +33,7 @@ from typing import Any
 
 from ..config import build_config
 from ..errors import ConfigError, RunInUse, TrainingError
-from ..io import atomic_write_bytes, atomic_write_text
+from ..io import atomic_write_bytes, atomic_write_text, load_json
 from ..training import train
 from ..training.run_dir import RunDir
 from ..training.trainer import selection_key
@@ -129,7 +129,7 @@ def score_of(run: RunDir, objective: str) -> tuple[float, int | None, dict[str, 
 def _read_trial(path: Path) -> Trial | None:
     """The trial recorded in ``path`` (a ``trial.json``), or None when it is missing or damaged."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_bytes())  # a hand-edited or damaged file: None, never a RecursionError
         return Trial(variant=str(data["variant"]), number=int(data["number"]), values=dict(data["values"]),
                      score=float(data["score"]), step=data.get("step"), validation=dict(data["validation"]),
                      failed=data.get("failed"))
