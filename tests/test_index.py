@@ -581,3 +581,18 @@ def test_an_ivf_pq_file_whose_ids_are_no_items_is_a_damaged_index(tiny_run, tmp_
     with pytest.raises(IndexStoreError, match="is not the flat index the manifest says"):
         deepmetric.Index.open(flat)
     assert len(deepmetric.Index.open(pristine).search(x[:2], k=3)[0]) == 3
+
+
+def test_an_ivf_pq_index_is_trained_without_polysemous_codes(caplog):
+    """Issue 53 item 7: ``index --ivf-pq`` on 1,029 images took 141 s, 89-126 of them silent in faiss' polysemous
+    training (it orders the PQ codes for Hamming filtering, which an inner-product search never uses). It is off,
+    and the training is announced."""
+    import faiss
+
+    caplog.set_level(logging.INFO, logger="deepmetric")
+    x = np.random.default_rng(0).normal(size=(1000, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = faiss_index.build_faiss(x, "ivf-pq", faiss_index.ivf_pq_params(len(x), 16))
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    assert not ivf.do_polysemous_training and ivf.polysemous_ht == 0
+    assert "training the IVF-PQ index on 1000 vectors" in caplog.text

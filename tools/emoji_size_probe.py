@@ -8,8 +8,9 @@ antialiasing, which does nothing when enlarging); ``--interpolations`` adds the 
 to see whether the filter matters.
 
     .venv/bin/python tools/emoji_size_probe.py [--sizes 64,96,128,160,224] [--interpolations bilinear,bicubic,nearest]
+    .venv/bin/python tools/emoji_size_probe.py --data icons --val-fraction 0.2    # the icons protocol's size
 
-Prints a Markdown table and writes docs/studies/emoji-size-probe.json.
+Prints a Markdown table and writes docs/studies/<data>-size-probe.json.
 """
 
 from __future__ import annotations
@@ -57,9 +58,12 @@ def main() -> None:
     parser.add_argument("--data", default="emoji")
     parser.add_argument("--sizes", default="64,96,128,160,224")
     parser.add_argument("--interpolations", default="bilinear", help="filters: " + ", ".join(FILTERS))
-    parser.add_argument("--out", default=str(Path(__file__).parents[1] / "docs/studies/emoji-size-probe.json"))
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="the share of training classes that "
+                        "validate (0.1: emoji's 82; the study's own share for another data set)")
+    parser.add_argument("--out", default=None, help="default docs/studies/<data>-size-probe.json")
     args = parser.parse_args()
-    table = load_dataset(args.data, val_fraction=0.1, val_seed=0)
+    args.out = args.out or str(Path(__file__).parents[1] / f"docs/studies/{args.data}-size-probe.json")
+    table = load_dataset(args.data, val_fraction=args.val_fraction, val_seed=0)
     part = table.split("val")
     torch.manual_seed(0)
     model = create_model("lite0", head="gap", embedding_dim=0, pretrained=True).set_channels_last(True).eval()

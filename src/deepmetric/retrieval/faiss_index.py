@@ -19,6 +19,7 @@ faiss' own serialisation is a flat binary format (never pickle); it is stored as
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import IndexStoreError
+
+log = logging.getLogger("deepmetric")
 
 KINDS = ("flat", "ivf-pq")
 POINTS_PER_CENTROID = 39  # faiss' minimum training points per k-means centroid
@@ -86,7 +89,13 @@ def build_faiss(embeddings: np.ndarray, kind: str = "flat", params: IvfPqParams 
     elif kind == "ivf-pq":
         params = params or ivf_pq_params(len(x), dim)
         index = faiss.index_factory(dim, f"IVF{params.nlist},PQ{params.m}x{params.nbits}", faiss.METRIC_INNER_PRODUCT)
-        faiss.downcast_index(faiss.extract_index_ivf(index)).pq.cp.min_points_per_centroid = 1  # see above
+        ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        ivf.pq.cp.min_points_per_centroid = 1  # see above
+        # polysemous training permutes the PQ codes so that Hamming distances filter candidates (polysemous_ht),
+        # which an inner-product search never uses: it took 89-126 s of a 141-s build of 1,029 images
+        ivf.do_polysemous_training = False
+        log.info("training the IVF-PQ index on %d vectors (%d lists, %d sub-quantizers of %d bits)", len(x),
+                 params.nlist, params.m, params.nbits)
         index.train(x)
         index.nprobe = params.nprobe
     else:
