@@ -145,7 +145,8 @@ def check_outside_run(run_dir: str | Path, out: str | Path, format: str) -> None
     """Refuse an ``--out`` that names one of the run's own files (``RunDir.owns``), or whose model or metadata file
     would be one (``RUN/config.yaml`` is refused, not turned into ``RUN/config.yaml.onnx``)."""
     run = RunDir(run_dir)
-    for path in (Path(out), *output_paths(out, format)):
+    written = output_paths(out, format)  # an empty or folder --out is refused first, as such
+    for path in (Path(out), *written):
         if run.owns(path):
             raise ExportError(f"--out {path} is one of the run's own files (inside {run.path}: its checkpoints/, "
                               "config, logs, metrics or report); exporting there would destroy or be overwritten by "
