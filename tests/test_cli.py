@@ -173,7 +173,7 @@ def test_resume_names_a_setting_that_cannot_change_and_survives_what_a_kill_or_f
     log.write_text(log.read_text() + '{"step": 5, "loss": 0.')  # a last line cut short
     (out_dir / "environment.json").write_text('{"sessions": [')  # damaged
     code, out, err = run(capsys, "train", "--resume", "--out", str(out_dir), "train.steps=6", "--no-test")
-    assert code == 0 and "trained 6 steps" in out
+    assert code == 0 and "trained 2 steps (steps 5-6, resumed)" in out
     assert json.loads((out_dir / "environment.json").read_text())["sessions"]  # a new file, the old one kept:
     assert (out_dir / "environment.json.damaged").read_text() == '{"sessions": ['
     assert [r["step"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r][-1] == 6
