@@ -111,12 +111,17 @@ def resampling_weights(source: torch.Tensor, resized: torch.Tensor, offset: torc
     centre = scale * (index.double() + 0.5)  # (B, size)
     first = torch.clamp(torch.trunc(centre - support + 0.5), min=0)
     end = torch.minimum(torch.trunc(centre + support + 0.5), src)
-    pixel = torch.arange(length, device=device, dtype=torch.float64)  # (length,)
+    # only the window [first, end) of each row can be nonzero: its at most ``taps`` pixels, then placed in the row
+    taps = int(math.ceil(2 * float(support.max()))) + 2
+    pixel = first[..., None] + torch.arange(taps, device=device, dtype=torch.float64)  # (B, size, taps)
     weights = torch.clamp(1 - ((pixel - centre[..., None] + 0.5) * inverse[..., None]).abs(), min=0)
-    weights = weights * ((pixel >= first[..., None]) & (pixel < end[..., None]))  # (B, size, length)
+    weights = weights * (pixel < end[..., None])
     total = weights.sum(-1, keepdim=True)
     weights = torch.where(total > 0, weights / torch.where(total > 0, total, torch.ones_like(total)), 0)
-    return (weights * inside[..., None]).float()
+    weights = (weights * inside[..., None]).float()
+    # positions past the row's end hold zero weights: clamped onto the last pixel, they add nothing to it
+    columns = pixel.long().clamp_(max=length - 1)
+    return torch.zeros(*weights.shape[:2], length, device=device).scatter_add_(2, columns, weights)
 
 
 class BatchedTrainTransform:
