@@ -9,13 +9,17 @@ config; only the loader that the trainer asks for (``training_loader``) is swapp
   bound that the data path can at best reach;
 - ``workers=W[,pinned]``: the trainer's loader with W worker processes (0: decoding in the training process)
   and, with ``pinned``, page-locked batches (``pin_memory``: the copy to a GPU can then overlap the step).
+- ``cache``: ``data.cache=true``: the training split decoded once before the run, each batch augmented on the
+  device by ``BatchedTrainTransform`` (``deepmetric.data.cache``); its decoding is not in the figures.
 
 Images per second are read from the run's own log (``images_per_s``, one figure per ``log_every`` steps),
 leaving out the first ``--warmup`` steps (workers starting, cuDNN choosing its kernels); the ratio of each
-set-up to ``on-device`` is reported. The goal on a GPU is a ratio of at least 0.9.
+set-up to ``on-device`` is reported. The goal on a GPU is a ratio of at least 0.9 (0.95 with the cache, and on
+the CPU with the cache). With ``--rounds R`` the set-ups run R times in turn and each one's figure is the median
+over all its windows (other processes on the machine then weigh on every set-up alike).
 
     .venv/bin/python benchmarks/data_path.py --data folder:PATH [--size 224] [--device cuda] [--amp] \\
-        [--workers 0,4,8] [--steps 60] [--warmup 20]
+        [--workers 0,4,8] [--no-cache] [--steps 60] [--warmup 20] [--rounds 1]
 
 Prints a table and writes benchmarks/results/data_path.json.
 """
@@ -32,19 +36,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _results import environment, write_result
+from _results import environment, timed, write_result
 
 import deepmetric.training.trainer as trainer
 from deepmetric.config import build_config
 
 
-def run_config(args: argparse.Namespace, workers: int) -> Any:
+def run_config(args: argparse.Namespace, workers: int, cache: bool = False) -> Any:
     """The emoji comparison's GAP run (Lite0, binomial deviance, P x K = 16 x 4) at ``--size``, for ``--steps``
     steps, with no validation, baseline or image audit (they are not the data path)."""
     return build_config({
         "data": {"spec": args.data, "image_size": args.size, "resize_range": [1.0, 1.3], "flip": False,
                  "classes_per_batch": args.classes_per_batch, "samples_per_class": args.samples_per_class,
-                 "check_images": False, "check_counts": False, "num_workers": workers},
+                 "check_images": False, "check_counts": False, "num_workers": workers, "cache": cache},
         "model": {"backbone": args.backbone, "pretrained": args.backbone == "lite0", "head": "gap"},
         "loss": {"name": "binomial"},
         "train": {"steps": args.steps, "log_every": args.log_every, "eval_every": 10**6,
@@ -82,16 +86,56 @@ def images_per_second(run: Path, log_every: int, warmup: int) -> list[float]:
     return [r["images_per_s"] for r in records if "images_per_s" in r and r["step"] - log_every >= warmup]
 
 
-def measure(args: argparse.Namespace, name: str, loader, workers: int, root: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace, name: str, loader, workers: int, root: Path) -> list[float]:
+    """The logged rates of one run of set-up ``name`` (``loader`` None: the trainer's own, with ``data.cache``)."""
     original = trainer.training_loader
-    trainer.training_loader = loader
+    trainer.training_loader = loader or original
     try:
-        out = root / name.replace("=", "-").replace(",", "-")
-        trainer.train(run_config(args, workers), out, progress=False)
+        out = Path(tempfile.mkdtemp(dir=root, prefix=name.replace("=", "-").replace(",", "-")))
+        trainer.train(run_config(args, workers, cache=name == "cache"), out, progress=False)
     finally:
         trainer.training_loader = original
-    rates = images_per_second(out, args.log_every, args.warmup)
-    return {"setup": name, "workers": workers, "images_per_second": statistics.median(rates), "windows": rates}
+    return images_per_second(out, args.log_every, args.warmup)
+
+
+def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) -> dict[str, float]:
+    """Median seconds to produce one batch on ``device``, uncached (the trainer's loader without workers: read,
+    ``TrainTransform`` and collate in this process) and cached (``CachedBatches``), interleaved batch by batch so
+    that the machine's load weighs on both alike; the cache's one-off decoding is timed too."""
+    import time
+
+    import numpy as np
+
+    from deepmetric.data.batched_transforms import BatchedTrainTransform
+    from deepmetric.data.cache import CachedBatches, ImageCache
+    from deepmetric.data.sampler import PKSampler
+    from deepmetric.data.torch_dataset import ImageDataset
+    from deepmetric.data.transforms import TrainTransform
+    from deepmetric.training.setup import load_table
+
+    config = run_config(args, 0)
+    d = config.data
+    table = load_table(config, False)[0].split("train")
+    labels = np.searchsorted(np.unique(table.labels), table.labels)
+
+    def sampler():
+        return PKSampler(labels, d.classes_per_batch, d.samples_per_class, seed=1, num_steps=batches + 1)
+
+    start = time.perf_counter()
+    cache = ImageCache.build(table, d.image_size, d.resize_range, d.train_pad, device)
+    decoding = time.perf_counter() - start
+    augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
+    cached = iter(CachedBatches(cache, sampler(), labels, augment, device))
+    dataset = ImageDataset(table, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad), labels)
+    uncached = iter(trainer.training_loader(dataset, sampler(), 0, False, device))
+    times: dict[str, list[float]] = {"uncached": [], "cached": []}
+    for step in range(batches + 1):
+        for name, source in (("uncached", uncached), ("cached", cached)):
+            seconds = timed(lambda source=source: next(source)[0].to(device), device)
+            if step:  # the first batch warms up
+                times[name].append(seconds)
+    return {"uncached": statistics.median(times["uncached"]), "cached": statistics.median(times["cached"]),
+            "cache_decoding": decoding, "cache_bytes": cache.nbytes, "cache_images": len(cache.images)}
 
 
 def main() -> None:
@@ -106,6 +150,10 @@ def main() -> None:
     parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels-last")
     parser.add_argument("--workers", default=f"0,4,{min(8, os.cpu_count() or 1)}")
     parser.add_argument("--unpinned", action="store_true", help="also run each worker count without pin_memory")
+    parser.add_argument("--no-cache", action="store_true", help="leave out the data.cache set-up")
+    parser.add_argument("--rounds", type=int, default=1, help="run the set-ups this many times in turn")
+    parser.add_argument("--batch-timing", type=int, default=20, metavar="N",
+                        help="also time N batches of the data path alone, uncached and cached (0: not)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the figures")
@@ -119,8 +167,16 @@ def main() -> None:
     for workers in map(int, args.workers.split(",")):
         pins = (True, False) if args.unpinned else (device.type == "cuda",)
         setups += [(f"workers={workers}" + (",pinned" if pin else ""), pinned_loader(pin), workers) for pin in pins]
+    if not args.no_cache:
+        setups.append(("cache", None, 0))
+    windows: dict[str, list[float]] = {name: [] for name, _, _ in setups}
     with tempfile.TemporaryDirectory() as root:
-        rows = [measure(args, name, loader, workers, Path(root)) for name, loader, workers in setups]
+        for _ in range(args.rounds):
+            for name, loader, workers in setups:
+                windows[name] += measure(args, name, loader, workers, Path(root))
+    rows = [{"setup": name, "workers": workers, "images_per_second": statistics.median(windows[name]),
+             "windows": windows[name]} for name, _, workers in setups]
+    alone = batch_seconds(args, device, args.batch_timing) if args.batch_timing else None
     bound = rows[0]["images_per_second"]
     for row in rows:
         row["ratio_to_on_device"] = row["images_per_second"] / bound
@@ -129,10 +185,19 @@ def main() -> None:
     print(f"{'set-up':<22}{'images/s':>10}{'ratio':>8}")
     for row in rows:
         print(f"{row['setup']:<22}{row['images_per_second']:>10.1f}{row['ratio_to_on_device']:>8.2f}")
+    if alone:
+        step = args.classes_per_batch * args.samples_per_class / bound  # seconds of a bare step, on-device
+        for name in ("uncached", "cached"):
+            alone[f"{name}_step_fraction"] = step / (step + alone[name])
+            print(f"data path alone, {name}: {1e3 * alone[name]:.1f} ms a batch; a step fed by it would run at "
+                  f"{alone[f'{name}_step_fraction']:.3f} of the bare step")
+        print(f"the cache: {alone['cache_images']} images, {alone['cache_bytes'] / 2**20:.0f} MiB, decoded in "
+              f"{alone['cache_decoding']:.1f} s")
     write_result(args.out, {"benchmark": "data_path", "data": args.data, "backbone": args.backbone,
                             "image_size": args.size, "batch": args.classes_per_batch * args.samples_per_class,
                             "amp": args.amp, "channels_last": not args.contiguous, "steps": args.steps,
-                            "warmup_steps": args.warmup, **environment(device), "rows": rows})
+                            "warmup_steps": args.warmup, "rounds": args.rounds, **environment(device), "rows": rows,
+                            "data_path_alone": alone})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 
 from deepmetric.losses import LOSSES, REGULARIZERS
 from deepmetric.models.heads import HEADS
-from helpers import assert_resumed_exactly, tiny_config, train_straight_and_resumed
+from helpers import assert_resumed_exactly, make_table, tiny_config, train_straight_and_resumed
 from test_resume import CASES as RESUME_CASES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -91,3 +91,21 @@ def test_resuming_on_cuda_without_deterministic_kernels_ends_within_float_tolera
     (a, _), (b, _), _ = train_straight_and_resumed(tmp_path, 4, 2, **_on_cuda(RESUME_CASES[case]))
     for key in (k for k in a if k.startswith("model.")):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-4, msg=key)
+
+
+def test_the_image_cache_lives_on_the_gpu_and_its_crops_are_the_cpus(tmp_path):
+    """``data.cache`` on CUDA: the decoded images are kept on the GPU, the batched augmentation there gives the CPU's
+    crops (to one 8-bit level: float rounding), and a cached run resumes exactly."""
+    from deepmetric.data.batched_transforms import BatchedTrainTransform
+    from deepmetric.data.cache import ImageCache
+
+    table = make_table(n_classes=4, per_class=4, size=40)
+    cache = ImageCache.build(table, 16, (0.8, 1.5), "square", "cuda")
+    assert cache.device.type == "cuda" and all(i.is_cuda for i in cache.images)
+    augment, seeds = BatchedTrainTransform(16, (0.8, 1.5), pad="square"), list(range(len(table)))
+    on_gpu = augment(cache.images, cache.shapes, seeds, "cuda")
+    on_cpu = augment([i.cpu() for i in cache.images], cache.shapes, seeds, "cpu")
+    assert on_gpu.is_cuda and (on_gpu.cpu() - on_cpu).abs().max() <= 1 / 255 + 1e-6
+    straight, resumed, _ = train_straight_and_resumed(tmp_path, **_on_cuda({"data": {"cache": True}},
+                                                                           deterministic=True))
+    assert_resumed_exactly(straight, resumed, 4)

@@ -53,6 +53,14 @@ class DataConfig:
     them)."""
     pin_memory: bool | None = None
     """Page-locked batches, whose copy to the GPU overlaps the step. None (the default): on a GPU only."""
+    cache: bool = False
+    """Decode the training images once and augment each batch on the training device (``deepmetric.data.cache``):
+    the images are kept as uint8, on the GPU when they take at most half its free memory, else in memory (refused,
+    before decoding, when they would not fit), each no larger than the augmentation can use (longer side
+    ``ceil(resize_range[1] x image_size)``: what lets a batch be one tensor); the resize, padding, crop and flip then
+    run as batched tensor operations with the same draws from the same seeds as without it. The crops equal the
+    uncached ones to one level of 255 for images within that size, and are slightly softer (resized twice) for
+    larger ones (``deepmetric.data.batched_transforms``). No DataLoader workers are used."""
     seed: int = 0
     """Seed of the data set itself where it has one (the glyphs character split)."""
 

@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from ..config import RunConfig, save_config
 from ..data import PKSampler, TestTransform, TrainTransform, check_data_path
+from ..data.batched_transforms import BatchedTrainTransform
+from ..data.cache import CachedBatches, ImageCache
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
@@ -136,6 +138,8 @@ class Session:
     best: dict[str, Any] = field(default_factory=lambda: {"score": None, "step": None})
     scalars: TensorBoardScalars | None = None
     """TensorBoard's view of the log (``train.tensorboard``), on rank 0."""
+    cache: ImageCache | None = None
+    """The training split decoded once (``data.cache``)."""
 
 
 def selection_key(metrics: dict[str, float]) -> list[float]:
@@ -316,6 +320,8 @@ def _build_session(config: RunConfig, run: RunDir, context: DistContext, device:
     if len(session.sampler.dropped_classes) and context.is_main:
         log.warning("%d training classes with a single image are left out of the batches",
                     len(session.sampler.dropped_classes))
+    if d.cache:  # decoded here, so that a cache that would not fit is refused before anything is written
+        session.cache = ImageCache.build(train_part, d.image_size, d.resize_range, d.train_pad, device, progress)
     return session, bad_items
 
 
@@ -390,9 +396,14 @@ def _loop(session: Session) -> TrainResult:
         trained.register_comm_hook(None, sum_gradients)
     forward = training_forward(trained, t.compile)
     d = config.data
-    dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
-                           labels=np.searchsorted(session.classes, session.train_part.labels))
-    batches = iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
+    labels = np.searchsorted(session.classes, session.train_part.labels)
+    if session.cache is not None:  # data.cache: augmented on the device, yields what the loader yields
+        augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
+        batches = iter(CachedBatches(session.cache, session.sampler, labels, augment, device))
+    else:
+        dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
+                               labels=labels)
+        batches = iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
     started = time.perf_counter()
