@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import json
 import math
 import os
@@ -414,3 +415,12 @@ def load_yaml(text: str) -> Any:
         raise MalformedFile(f"it expands to more than {MAX_YAML_NODES:,} values through its YAML aliases "
                             "(&anchor / *alias), or contains itself; a config holds a few hundred")
     return _check_nesting(value)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's bytes, read a megabyte at a time (checkpoints, packages, recorded files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

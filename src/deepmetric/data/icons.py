@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -58,7 +57,7 @@ from typing import IO
 import numpy as np
 
 from ..errors import DataError
-from ..io import fsync_dir, temporary_folder
+from ..io import file_sha256, fsync_dir, temporary_folder
 from .download import _taking_turns
 from .glyphs import data_home
 from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package, training_names
@@ -87,17 +86,10 @@ Fetcher = Callable[[Sequence[Package], Path], None]
 
 # ---------------------------------------------------------------------------------------------- fetching
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def check_deb(path: Path, package: Package) -> None:
     """Refuse a ``.deb`` whose SHA-256 differs from the one pinned for ``package``."""
-    found = sha256_of(path)
+    found = file_sha256(path)
     if found != package.sha256:
         raise DataError(f"icons: {path} is not {package.name} {package.version} as the Debian archive publishes it "
                         f"(its SHA-256 is {found[:16]}..., the pinned one {package.sha256[:16]}...); delete it and "
@@ -236,7 +228,7 @@ def _render_all(files: Sequence[tuple[str, Path, str]], folder: Path, size: int,
 
     def one(item: tuple[int, tuple[str, Path, str]]) -> tuple[str, Look | None, str, str]:
         index, (key, file, kind) = item
-        content = sha256_of(file)
+        content = file_sha256(file)
         try:
             rgba = render(file, kind, size, program)
         except Unreadable as error:

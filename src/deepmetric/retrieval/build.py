@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any
 
 from ..errors import IndexStoreError
 from ..evaluation import EmbedSettings, embed_table
-from ..io import check_writable
+from ..io import check_writable, file_sha256
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
@@ -69,13 +68,6 @@ def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
     """An item for ``file``, which lies below ``root`` (``gallery_files``): its path relative to ``root``."""
     return {"source": source, "path": file.relative_to(root).as_posix()}
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from ..config import RunConfig
 from ..data.images import read_image
 from ..data.transforms import TestTransform
 from ..errors import DeepMetricError, IndexStoreError
+from ..io import file_sha256
 from ..progress import progress_bar
 from ..training.run_dir import RunDir, model_from_checkpoint
-from .build import file_sha256
 from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -40,6 +39,7 @@ from ..io import (
     TEMPORARY_SUFFIX,
     atomic_write_bytes,
     atomic_write_text,
+    file_sha256,
     open_in_place,
     replace_folder,
 )
@@ -239,17 +239,10 @@ def record_files(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def manifest_text(root: Path) -> str:
     """``MANIFEST.sha256``'s text for the record ``root`` as it is now (``sha256sum``'s format)."""
-    return "".join(f"{sha256_of(path)}  {path.relative_to(root).as_posix()}\n" for path in record_files(root))
+    return "".join(f"{file_sha256(path)}  {path.relative_to(root).as_posix()}\n" for path in record_files(root))
 
 
 def write_manifest(root: Path) -> Path:

@@ -31,8 +31,9 @@ from pathlib import Path
 from ..errors import ConfigError, DeepMetricError
 from ..evaluation.metrics import per_query_metrics
 from ..evaluation.per_query import FILE_OF, load_per_query
+from ..io import file_sha256
 from .aggregate import aggregate, aggregate_all_embeddings, same_tables, stamp_of, tables
-from .record import MANIFEST, RECORDED, problem, read_manifest, record_files, recorded, sha256_of
+from .record import MANIFEST, RECORDED, problem, read_manifest, record_files, recorded
 from .spec import StudySpec
 
 TOLERANCE = 1e-6
@@ -72,7 +73,7 @@ def _check_manifest(root: Path, files: list[Path], found: Verification) -> None:
         path = root / name
         if not path.is_file():
             found.problems.append(f"{path} is listed in {MANIFEST} but is not in the record")
-        elif sha256_of(path) != digest:
+        elif file_sha256(path) != digest:
             found.problems.append(f"{path} does not match {MANIFEST} (its SHA-256 changed since it was recorded)")
     listed = set(entries)
     for path in files:
