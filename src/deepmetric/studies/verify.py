@@ -222,6 +222,9 @@ def verify(spec: StudySpec) -> Verification:
     if root is None:
         raise ConfigError(f"study {spec.name} keeps no record (the study file's 'record:'): there is nothing to "
                           "verify")
+    if not root.exists():
+        raise DeepMetricError(f"study {spec.name}: nothing is recorded yet ({root} does not exist): run the study "
+                              "first, then verify what it recorded")
     if not root.is_dir():
         raise DeepMetricError(f"study {spec.name}: its record {root} is not a folder")
     found = Verification()
