@@ -40,3 +40,13 @@ def check_image_path(path: str | Path) -> None:
     if not path.exists():
         raise DataError(f"{path} does not exist")
     raise DataError(f"{path} is neither an image file nor a folder")
+
+
+def source_folder(name: str, source: str | Path, holds: str) -> Path:
+    """The folder of a built data set's ``NAME:PATH`` (its packages, to build from): one that does not exist, or is
+    not a folder, is refused naming it and what it should hold (``holds``)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        raise DataError(f"{name}: no such folder: {source}" if not folder.exists() else
+                        f"{name}: {source} is not a folder (expected the folder of {holds})")
+    return folder

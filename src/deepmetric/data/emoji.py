@@ -45,10 +45,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..folders import source_folder
 from ..io import fsync_dir, temporary_folder
 from .emoji_catalogue import VENDORS, EmojiClass, emoji_classes, kind_of, read_catalogue, training_bases
 from .glyphs import data_home
 from .table import RetrievalTable, check_counts
+
+SOURCE_HOLDS = "the five packages' tarballs"
+"""What ``emoji:PATH`` is the folder of."""
 
 FORMAT_VERSION = 1
 RECALL_AT = (1, 2, 4, 8)
@@ -164,14 +168,6 @@ def _package_version(path: Path) -> str:
     return version
 
 
-def source_folder(source: str | Path) -> Path:
-    """``emoji:PATH``'s folder: one that does not exist is refused, naming it."""
-    folder = Path(source)
-    if not folder.is_dir():
-        raise DataError(f"emoji: no such folder: {source}" if not folder.exists() else
-                        f"emoji: {source} is not a folder (expected the folder of the five packages' tarballs)")
-    return folder
-
 
 def find_source(source: Path, package: Package) -> Path:
     """``package``'s tarball or unpacked folder in ``source``, its version checked."""
@@ -269,7 +265,7 @@ def build_emoji(root: Path | None = None, source: str | Path | None = None, prog
     ``meta.json`` written, or not at all (a build that fails leaves what was there before)."""
     root = Path(root) if root is not None else data_home() / "emoji"
     packages = PACKAGES if packages is None else packages
-    folder = source_folder(source) if source is not None else None
+    folder = source_folder("emoji", source, SOURCE_HOLDS) if source is not None else None
     tmp = temporary_folder(root)
     where = f"package/emoji.json of {CATALOGUE_VENDOR}'s package"
     try:
@@ -340,7 +336,8 @@ def load_emoji(path: str | Path | None = None, check: bool = True, skin: bool = 
     name = "emoji-skin" if skin else "emoji"
     root = Path(root) if root is not None else data_home() / "emoji"
     packages = PACKAGES if packages is None else packages
-    folder = source_folder(path) if path is not None else None  # first: never an earlier build in its place
+    # the path first: never an earlier build in its place
+    folder = source_folder("emoji", path, SOURCE_HOLDS) if path is not None else None
     catalogue = _built_catalogue(root, packages)
     if catalogue is None:
         build_emoji(root, source=folder, progress=progress, packages=packages)

@@ -57,6 +57,7 @@ from typing import IO
 import numpy as np
 
 from ..errors import DataError
+from ..folders import source_folder
 from ..io import file_sha256, fsync_dir, temporary_folder
 from .download import _taking_turns
 from .glyphs import data_home
@@ -65,6 +66,9 @@ from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Droppe
 from .icons_render import Unreadable, render, renderer, renderer_version
 from .icons_themes import Drawing, Tree, archive_path, package_drawings, wanted_text
 from .table import RetrievalTable, check_counts
+
+SOURCE_HOLDS = "the icon themes' .deb files"
+"""What ``icons:PATH`` is the folder of."""
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 128
@@ -132,14 +136,6 @@ def fetch_debs(packages: Mapping[str, Package], folder: Path, fetch: Fetcher) ->
         found[package.name] = path
     return found
 
-
-def source_folder(source: str | Path) -> Path:
-    """``icons:PATH``'s folder: one that does not exist is refused, naming it."""
-    folder = Path(source)
-    if not folder.is_dir():
-        raise DataError(f"icons: no such folder: {source}" if not folder.exists() else
-                        f"icons: {source} is not a folder (expected the folder of the icon themes' .deb files)")
-    return folder
 
 
 def find_deb(folder: Path, package: Package) -> Path:
@@ -319,7 +315,7 @@ def build_icons(root: Path | None = None, source: str | Path | None = None, prog
     root = Path(root) if root is not None else data_home() / "icons"
     packages = PACKAGES if packages is None else packages
     fetch = apt_get_download if fetch is None else fetch
-    folder = source_folder(source) if source is not None else None
+    folder = source_folder("icons", source, SOURCE_HOLDS) if source is not None else None
     program = renderer()
     check_ours(root)
     try:
@@ -506,7 +502,8 @@ def load_icons(path: str | Path | None = None, check: bool = True, root: str | P
     versions). ``check`` refuses split sizes other than the pinned packages' (``PUBLISHED``)."""
     root = Path(root) if root is not None else data_home() / "icons"
     packages = PACKAGES if packages is None else packages
-    folder = source_folder(path) if path is not None else None  # first: never an earlier build in its place
+    # the path first: never an earlier build in its place
+    folder = source_folder("icons", path, SOURCE_HOLDS) if path is not None else None
     if not _is_built(root, packages):
         build_icons(root, source=folder, progress=progress, packages=packages, fetch=fetch)
         if not _is_built(root, packages):

@@ -14,7 +14,6 @@ machines) says where it stands: ``finished``, ``recorded`` (in the record, resto
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 from ..config import build_config
 from ..data import check_data_path
-from ..errors import ConfigError, DeepMetricError
+from ..errors import DeepMetricError
 from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir
 from .record import finished, recorded
@@ -119,12 +118,10 @@ def dry_run(spec: StudySpec, only: list[str] | tuple[str, ...] = ()) -> list[Dry
     """Build every run of ``spec`` (of the variants in ``only``, when given: those a study run with ``--only``
     trains; see the module docstring); a row per run, in the order the study runs them. A variant whose tuning
     has ended is built with its best trial's values, as the study would train it."""
-    if spec.tune is not None:
-        from .tuning import best_values
+    if spec.tune is not None:  # a variant still being tuned is built with its own settings
+        from .tuning import apply_best_values
 
-        for variant in dict.fromkeys(run.variant for run in spec.runs(only)):
-            with contextlib.suppress(ConfigError):  # still being tuned: built with its own settings
-                spec.tuned[variant] = spec.trial_layers(variant, best_values(spec, variant))[-1]
+        apply_best_values(spec, [run.variant for run in spec.runs(only)])
     rows, built = [], {}
     for run in spec.runs(only):
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"

@@ -26,7 +26,7 @@ from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .record import DamagedRecord, finished, record_lock, record_run, refuse_links, restore_run, write_manifest
 from .spec import StudyRun, StudySpec
-from .tuning import best_values, run_tuning
+from .tuning import apply_best_values, run_tuning, trials_of
 
 log = logging.getLogger("deepmetric")
 
@@ -75,13 +75,10 @@ def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, .
     """With a ``tune:`` section: run the tuning (``tuning.run_tuning``), then give each variant whose trials have all
     finished its best trial's values (``spec.tuned``); the variants still being tuned by other processes."""
     run_tuning(spec, progress, only)
-    pending = []
-    for variant in dict.fromkeys(run.variant for run in spec.runs(only)):
-        try:
-            spec.tuned[variant] = spec.trial_layers(variant, best_values(spec, variant))[-1]
-        except ConfigError as waiting:
-            log.info("%s: its seeds wait until its tuning ends (%s)", variant, waiting)
-            pending.append(variant)
+    pending = apply_best_values(spec, [run.variant for run in spec.runs(only)])
+    for variant in pending:
+        log.info("%s: its seeds wait until its tuning ends (%d of %d trials)", variant,
+                 len(trials_of(spec, variant)), spec.tune.trials if spec.tune else 0)
     return pending
 
 

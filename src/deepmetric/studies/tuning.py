@@ -335,3 +335,15 @@ def write_tuning(spec: StudySpec) -> dict[str, Path]:
         paths.setdefault("csv", folder / "tuning.csv")
     _write_manifest(spec)
     return paths
+
+
+def apply_best_values(spec: StudySpec, variants: list[str] | tuple[str, ...]) -> list[str]:
+    """Give each of ``variants`` whose trials have all finished its best trial's values (``spec.tuned``, the layer
+    its seeds train with); the variants still being tuned."""
+    pending = []
+    for variant in dict.fromkeys(variants):
+        try:
+            spec.tuned[variant] = spec.trial_layers(variant, best_values(spec, variant))[-1]
+        except ConfigError:
+            pending.append(variant)
+    return pending
