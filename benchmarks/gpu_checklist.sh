@@ -7,7 +7,9 @@
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
-#   sections: setup tests data train eval eval-no-nmi compile (default: all but eval-no-nmi)
+#   sections: setup tests data train eval eval-no-nmi compile cache compile-heads
+#   (default: setup tests data train eval compile)
+#   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
 #
 # Every section writes its log and JSON under $OUT/res and packs that folder into $OUT/results.tgz when it ends,
 # so a call cut short still returns what finished.
@@ -36,6 +38,7 @@ for s in $SECTIONS; do
       mkdir -p /tmp/site && for w in .gpu/wheels/*.whl; do $PY -m zipfile -e "$w" /tmp/site; done
       export PYTHONPATH=$PYTHONPATH:/tmp/site
     fi
+    [ -d .gpu/data/emoji ] || [ ! -f .gpu/emoji.tar.gz ] || tar xzf .gpu/emoji.tar.gz -C .gpu
     $PY -c "import torch, timm, faiss, pytorch_metric_learning as p; print(torch.__version__, torch.version.cuda,
 torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__version__, 'pml', p.__version__)" \
       | tee "$RES/versions.txt"
@@ -80,6 +83,21 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     section compile
     timeout 200 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 20 --compile \
       --out "$RES/train_step_cuda_compiled.json" 2>&1 | tail -12 | tee "$RES/train_step_compiled.log"
+    ;;
+  cache)  # 2. data.cache: the real data path with and without the decoded-image cache, 160 and 224 px
+    section cache
+    for size in 160 224; do
+      DEEPMETRIC_DATA=$PWD/.gpu/data timeout 150 $PY benchmarks/data_path.py --data emoji --size $size --workers 12 \
+        --steps 40 --warmup 10 --batch-timing 20 --amp --out "$RES/data_path_cache_${size}px.json" 2>&1 \
+        | grep -v Warning | tail -14 | tee -a "$RES/data_path_cache.log"
+    done
+    ;;
+  compile-heads)  # 1. train.compile head by head at the studies' 160 px (HEADS: which; GAP is the compile section's)
+    section compile-heads
+    for head in ${HEADS:-abe diablo deml}; do
+      timeout 150 $PY benchmarks/train_step.py --device cuda --head $head --size 160 --batch 64 --repeats 10 --compile \
+        --out "$RES/train_step_cuda_compiled_$head.json" 2>&1 | tail -9 | tee -a "$RES/train_step_compiled_heads.log"
+    done
     ;;
   *) echo "unknown section $s" ;;
   esac

