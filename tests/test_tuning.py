@@ -145,8 +145,32 @@ def test_two_processes_share_the_trials_and_no_variant_runs_over_its_budget(tmp_
         worker.join(300)
         assert worker.exitcode == 0
     spec = load_study(path)
-    assert [t.number for t in trials_of(spec, "gap")] == [0, 1, 2]
+    trials = trials_of(spec, "gap")
+    assert [t.number for t in trials] == [0, 1, 2]
     assert not (tmp_path / "out" / "trials" / "gap" / "3").exists()
+    # each process holds a sampler: seeded alike, the two first trials had the same values (five GPU trials did)
+    assert len({t.values["train.lr"] for t in trials}) == 3
+
+
+def test_each_trial_draws_from_a_seed_of_its_own_and_a_study_repeats(tmp_path):
+    import contextlib
+
+    import deepmetric.studies.tuning as tuning
+
+    drawn = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        spec = load_study(write_study(tmp_path / name, variants={"gap": {}}, tune={**TUNE, "variants": {}}))
+        optuna, storage = tuning._storage(spec)
+        study = tuning._study(spec, "gap", optuna, storage)
+        values = []
+        for _ in range(2):
+            with contextlib.ExitStack() as held:
+                number, suggested = tuning._take_trial(spec, "gap", study, optuna, held)
+            study.tell(number, 0.5)
+            values.append(suggested)
+        drawn.append(values)
+    assert drawn[0] == drawn[1] and drawn[0][0] != drawn[0][1]
 
 
 def test_a_diverging_trial_counts_with_what_it_reached(tmp_path, monkeypatch):
