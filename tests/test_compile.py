@@ -49,6 +49,26 @@ def test_a_compiled_run_trains_as_the_eager_one_and_its_checkpoint_is_the_plain_
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+def test_deml_compiles_no_more_after_its_first_step_around_its_host_side_crop_boxes(tmp_path, caplog):
+    """DeML's object-attention box is SciPy's connected components on the host; traced, dynamo guarded on the maps'
+    values and compiled again at every step until its recompile limit (an H100, 2026-11-27). The boxes are left
+    out of the graph: a run of 6 steps compiles the graphs a run of 2 compiles, and the losses are the eager run's."""
+    from torch._dynamo.utils import counters
+
+    caplog.set_level(logging.WARNING, logger="deepmetric")
+    options = {"head": "deml", "head_options": {"num_scales": 2, "num_branches": 2}}
+    graphs = {}
+    for steps in (2, 6):
+        torch._dynamo.reset()
+        counters.clear()
+        config = tiny_config(model=options, train={"steps": steps, "log_every": 1, "compile": True})
+        train(config, tmp_path / f"compiled-{steps}", progress=False)
+        graphs[steps] = counters["stats"]["unique_graphs"]
+    assert "cannot be compiled" not in caplog.text and graphs[2] >= 1 and graphs[6] == graphs[2]
+    train(tiny_config(model=options, train={"steps": 6, "log_every": 1}), tmp_path / "eager", progress=False)
+    assert losses(tmp_path / "compiled-6") == pytest.approx(losses(tmp_path / "eager"), rel=1e-4, abs=1e-5)
+
+
 def test_a_compiled_run_resumes_and_may_resume_eagerly(tmp_path):
     straight, resumed, _ = train_straight_and_resumed(tmp_path, 4, 2, train={"compile": True})
     assert resumed[1]["step"] == straight[1]["step"] == 4

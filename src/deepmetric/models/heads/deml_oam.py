@@ -122,8 +122,12 @@ def attention_box(attention: np.ndarray) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
+@torch.compiler.disable
 def attention_boxes(attention: torch.Tensor) -> torch.Tensor:
-    """``attention_box`` of every map of a batch (B, H, W): (B, 4) float boxes on the maps' device."""
+    """``attention_box`` of every map of a batch (B, H, W): (B, 4) float boxes on the maps' device.
+
+    Left out of a compiled graph (``train.compile``): traced, dynamo guarded on the maps' values read on the host
+    and compiled again at every step until its recompile limit (an H100, 2026-11-27)."""
     maps = attention.detach().float().cpu().numpy()
     return torch.tensor([attention_box(m) for m in maps], dtype=torch.float32, device=attention.device)
 
