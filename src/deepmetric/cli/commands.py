@@ -18,6 +18,9 @@ from ..io import to_json
 MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
 
 
+log = logging.getLogger(__name__)
+
+
 def printable(text: str) -> str:
     """``text`` with control characters escaped (newlines kept): an error quoting user input must not drive the
     terminal (an ESC sequence in a head name reached it raw)."""
@@ -102,6 +105,39 @@ def _refuse_positional(text: str) -> None:
                           "overrides, e.g. train.steps=2000)")
 
 
+def _auto_recipe(config: Any, layers: list[dict[str, Any]]) -> Any:
+    """``config`` with the settings ``training.auto_recipe`` chooses from a user's own data (a folder or CSV table
+    given without ``--config``) below the command line's overrides; each choice said, with its reason."""
+    from ..training.auto_recipe import applies_to, as_layer, auto_recipe
+
+    if not applies_to(config.data.spec):
+        return config
+    from ..data import check_data_path, load_dataset
+
+    check_data_path(config.data.spec)
+    d = config.data
+    choices = auto_recipe(load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, check_files=False))
+    chosen = build_config(as_layer(choices), *layers)
+    log.info("no --config: settings chosen from %s (docs/getting-started.md, 'Training on your own folder'):",
+             config.data.spec)
+    flat = chosen.to_dict()
+    for choice in choices:
+        section, key = choice.key.split(".", 1)
+        kept = flat[section][key] == choice.value or (isinstance(choice.value, list)
+                                                       and list(flat[section][key]) == choice.value)
+        log.info("  %s%s", choice.line(), "" if kept else f" (your {choice.key}={flat[section][key]} wins)")
+    return chosen
+
+
+def _not_better_than_backbone(result: Any) -> str:
+    """The plain words for a run whose selected checkpoint does not rank above the untrained backbone."""
+    val, best = result.backbone_val, result.best_score
+    return (f"training did not beat the untrained backbone on validation (Recall@1 {100 * best:.2f}% against "
+            f"{100 * val['recall@1']:.2f}%, MAP@R {100 * val['map@r']:.2f}% for the backbone): the backbone's own "
+            "features retrieve these classes as well; docs/getting-started.md ('When training does not help') says "
+            "what to try")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     layers = _train_layers(args)
     if args.resume:
@@ -117,6 +153,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         base = load_yaml(args.config) if args.config else {}
         config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
+        if not args.config:
+            config = _auto_recipe(config, layers)
     from ..data import check_data_path
 
     try:
@@ -150,6 +188,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             say(f"trained {done} steps{resumed} in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
             say(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+        if result.beats_backbone is False:
+            say(_not_better_than_backbone(result))
     from ..distributed import rank_from_env
 
     if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
@@ -240,7 +280,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)
     if args.k > searcher.count:  # a note on stderr (not with --json or --quiet): the results are all there are
-        logging.getLogger(__name__).info("the index holds %d items: printing all of them (--k %d)", searcher.count,
+        log.info("the index holds %d items: printing all of them (--k %d)", searcher.count,
                                          args.k)
     for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
                                                strict=True)):

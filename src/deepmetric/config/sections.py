@@ -127,6 +127,9 @@ class TrainConfig:
     lr_gamma: float = 0.1
     """The factor of the ``step`` schedule."""
     eval_every: int = 500
+    patience: int = 0
+    """Early stopping: stop once this many validations in a row (every ``eval_every`` steps) have not improved on
+    the best one; 0 trains every step. A run stopped so stays stopped when resumed, unless given ``patience=0``."""
     checkpoint_every: int = 500
     log_every: int = 10
     seed: int = 0

@@ -124,7 +124,7 @@ def _validate_loss(loss: LossConfig) -> None:
 
 
 def _validate_train(t: TrainConfig) -> None:
-    _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads"))
+    _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads", "patience"))
     _seeds("train", t, ("seed",))
     _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
     if t.lr_schedule not in LR_SCHEDULES:

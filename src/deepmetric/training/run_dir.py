@@ -7,6 +7,7 @@ RUN/
   checkpoints/last.safetensors   model + optimiser + RNG state, for exact resumption
   checkpoints/best.safetensors   model at the best validation Recall@1 (when there is a val split)
   baseline.json               test metrics of the untrained backbone (eval.baseline)
+  baseline-val.json           its validation metrics (eval.baseline with a validation split)
   metrics.json                test metrics of the trained model (written by evaluate)
   bad_images.txt              what data.skip_bad_images left out, one "item: problem" per line
   environment.json            the software and machine of each training session (deepmetric.provenance)
@@ -88,8 +89,8 @@ def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 OWN_FOLDERS = ("checkpoints", "tensorboard")
 """Folders of a run that only the run writes (everything inside them is the run's)."""
 OWN_FILES = ("config.yaml", "metrics.jsonl", "metrics.json", "metrics-last.json", "metrics-all-embeddings.json",
-             "baseline.json", "bad_images.txt", "environment.json", "environment.json.damaged", "generator.json",
-             "report.html", ".lock")
+             "baseline.json", "baseline-val.json", "bad_images.txt", "environment.json", "environment.json.damaged",
+             "generator.json", "report.html", ".lock")
 """Files at the top of a run that the run writes (training, ``evaluate``, ``report``), there yet or not."""
 OWN_PATTERNS = ("mirage-*.png", "*.safetensors")
 """Names of other files the run writes at its top (an example generator's pictures) or reads (checkpoints)."""
@@ -171,6 +172,10 @@ class RunDir:
     @property
     def baseline(self) -> Path:
         return self.path / "baseline.json"
+
+    @property
+    def baseline_val(self) -> Path:
+        return self.path / "baseline-val.json"
 
     @property
     def test_metrics(self) -> Path:
@@ -277,7 +282,8 @@ class RunDir:
 
     def clear_failed_start(self) -> None:
         """Remove what a run that stopped before its first checkpoint wrote, so that it starts afresh."""
-        for file in (self.config_path, self.metrics_log, self.environment, self.baseline, self.bad_items):
+        for file in (self.config_path, self.metrics_log, self.environment, self.baseline, self.baseline_val,
+                     self.bad_items):
             file.unlink(missing_ok=True)
 
     def remove_stale_temporaries(self) -> None:

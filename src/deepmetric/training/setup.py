@@ -110,8 +110,8 @@ def build_model(config: RunConfig) -> Embedder:
 
 
 def untrained_baseline(config: RunConfig, table: RetrievalTable, device: torch.device,
-                       progress: bool) -> dict[str, Any]:
-    """Test metrics of the backbone's l2-normalised pooled features, before any training. The backbone is built
+                       progress: bool, split: str = "test") -> dict[str, Any]:
+    """Metrics of the backbone's l2-normalised pooled features on ``split``, before any training. The backbone is built
     from the run's seed, as ``build_model`` builds it after ``seed_everything``: a randomly initialised backbone is
     the run's own untrained one (it was whatever the random stream held when the baseline was evaluated)."""
     m = config.model
@@ -120,8 +120,9 @@ def untrained_baseline(config: RunConfig, table: RetrievalTable, device: torch.d
         model = create_model(backbone=m.backbone, head="gap", embedding_dim=0, pretrained=m.pretrained,
                              freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle)
     model = model.set_channels_last(config.train.channels_last).to(device)
-    metrics = evaluate(model, table, "test", EmbedSettings.from_config(config, device, progress), config.eval.recall_at,
-                       config.eval.nmi, config.eval.engine)
+    test = split == "test"  # validation: what checkpoints are selected by (Recall@1, MAP@R, R-precision)
+    metrics = evaluate(model, table, split, EmbedSettings.from_config(config, device, progress),
+                       config.eval.recall_at if test else (1,), config.eval.nmi and test, config.eval.engine)
     pretrained = "ImageNet-pretrained" if m.pretrained else "randomly initialised"
     return {"model": f"{pretrained} {m.backbone}, pooled features, no training", "metrics": metrics,
             "environment": evaluation_environment(device, config.eval.engine)}

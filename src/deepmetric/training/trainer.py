@@ -35,7 +35,7 @@ from ..distributed import DistContext, context_from_env, gather_labels, gather_o
 from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
 from ..evaluation import EmbedSettings, evaluate
 from ..generators import Generator, build_generator
-from ..io import atomic_write_text, optimizer_from_flat, optimizer_to_flat, prefixed, to_json, unprefixed
+from ..io import atomic_write_text, load_json, optimizer_from_flat, optimizer_to_flat, prefixed, to_json, unprefixed
 from ..losses import Objective, build_objective, check_objective
 from ..models import Embedder
 from ..models.backbones import check_backbone_exists
@@ -61,6 +61,12 @@ class TrainResult:
     seconds: float
     start_step: int = 0
     """The step this session started from (0, or the checkpoint's step when resumed)."""
+    stopped_early: int | None = None
+    """The step ``train.patience`` stopped at (then ``steps`` is that step), else None."""
+    backbone_val: dict[str, float] | None = None
+    """The untrained backbone's validation figures (``eval.baseline`` with a validation split), else None."""
+    beats_backbone: bool | None = None
+    """Whether the selected checkpoint ranks above the untrained backbone on validation (``selection_key``)."""
 
 
 def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir,
@@ -136,6 +142,10 @@ class Session:
     sampler: PKSampler | None = None
     start_step: int = 0
     best: dict[str, Any] = field(default_factory=lambda: {"score": None, "step": None})
+    stopped_early: int | None = None
+    """The step at which ``train.patience`` stopped the run (kept in ``last``), else None."""
+    backbone_val: dict[str, float] | None = None
+    """The untrained backbone's validation figures (``eval.baseline`` with a validation split)."""
     scalars: TensorBoardScalars | None = None
     """TensorBoard's view of the log (``train.tensorboard``), on rank 0."""
     cache: ImageCache | None = None
@@ -163,7 +173,7 @@ def _save_last(session: Session, step: int) -> None:
     if torch.cuda.is_available():
         tensors.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     state = {"kind": "last", "step": step, "model_spec": model.spec, "objective_classes": objective.num_classes,
-             "optimizer": optim_meta, "best": session.best}
+             "optimizer": optim_meta, "best": session.best, "stopped_early": session.stopped_early}
     if generator is not None:
         generator_tensors, state["generator"] = generator.checkpoint_state()
         tensors.update(prefixed("generator", generator_tensors))
@@ -226,6 +236,8 @@ def _resume(session: Session) -> None:
         torch.cuda.set_rng_state_all(cuda_states)
     session.start_step = int(state["step"])
     session.best = state.get("best", {}) or {"score": None, "step": None}
+    stopped = state.get("stopped_early")
+    session.stopped_early = stopped if isinstance(stopped, int) and session.config.train.patience else None
 
 
 def _build_generator(config: RunConfig, model: Embedder, num_classes: int,
@@ -344,7 +356,30 @@ def _first_writes(session: Session, bad_items: list[Any]) -> None:
             log.info("evaluating the untrained backbone on the test split")
             baseline = untrained_baseline(config, session.table, session.device, session.progress)
             atomic_write_text(run.baseline, to_json(baseline, indent=2))
+        if config.eval.baseline and session.table.count("val") > 0:
+            session.backbone_val = _backbone_on_validation(session)
     context.barrier()
+
+
+def _backbone_on_validation(session: Session) -> dict[str, float]:
+    """The untrained backbone's validation figures, kept in ``baseline-val.json`` (evaluated once a run)."""
+    run = session.run
+    try:
+        return dict(load_json(run.baseline_val.read_bytes())["metrics"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        pass
+    log.info("evaluating the untrained backbone on the validation split")
+    baseline = untrained_baseline(session.config, session.table, session.device, False, split="val")
+    atomic_write_text(run.baseline_val, to_json(baseline, indent=2))
+    return dict(baseline["metrics"])
+
+
+def beats_backbone(best: dict[str, Any], backbone: dict[str, float] | None) -> bool | None:
+    """Whether the selected checkpoint's validation figures rank above the untrained backbone's by
+    ``selection_key``; None when either is unknown."""
+    if backbone is None or best.get("key") is None:
+        return None
+    return list(best["key"]) > selection_key(backbone)
 
 
 def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None:
@@ -412,8 +447,12 @@ def _loop(session: Session) -> TrainResult:
     bar = progress_bar(total=t.steps, initial=start_step, desc="training", unit="step", disable=not progress,
                        dynamic_ncols=True)
     model.train()
+    end = start_step if session.stopped_early is not None else t.steps
+    if session.stopped_early is not None and start_step < t.steps:
+        log.info("train.patience stopped this run at step %d; nothing to train (train.patience=0 goes on)",
+                 start_step)
     with stop_on_signals() as stop:
-        for step in range(start_step, t.steps):
+        for step in range(start_step, end):
             images, labels, _ = next(batches)
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
@@ -455,9 +494,17 @@ def _loop(session: Session) -> TrainResult:
             if has_val and (done % t.eval_every == 0 or done == t.steps):
                 _validate(session, done, bar if progress else None)
                 window_start = time.perf_counter()  # keep validation time out of the images/s figure
+                if _out_of_patience(session, done):
+                    session.stopped_early = done
             signum = _stop_requested(stop.signum, context)
-            if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum):
+            if context.is_main and (done % t.checkpoint_every == 0 or done == t.steps or signum
+                                    or session.stopped_early):
                 _save_last(session, done)
+            if session.stopped_early:
+                end = done
+                log.info("train.patience: %d validations without a better one (best at step %s); stopped at step "
+                         "%d of %d", t.patience, session.best["step"], done, t.steps)
+                break
             if signum:
                 bar.close()
                 context.barrier()
@@ -470,4 +517,11 @@ def _loop(session: Session) -> TrainResult:
         _generator_diagnostics(run, config, model, generator, session.train_part, session.classes, device)
     context.barrier()
     best = session.best
-    return TrainResult(run.path, t.steps, best["step"], best["score"], time.perf_counter() - started, start_step)
+    return TrainResult(run.path, end, best["step"], best["score"], time.perf_counter() - started, start_step,
+                       session.stopped_early, session.backbone_val, beats_backbone(best, session.backbone_val))
+
+
+def _out_of_patience(session: Session, step: int) -> bool:
+    """Whether ``train.patience`` validations in a row have passed since the best one."""
+    t, best = session.config.train, session.best.get("step")
+    return bool(t.patience) and best is not None and step - best >= t.patience * t.eval_every
