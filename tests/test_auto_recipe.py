@@ -78,12 +78,13 @@ def test_the_recipe_follows_the_data_and_its_choices_are_a_config_layer():
 def test_train_on_a_folder_without_a_config_says_each_choice_and_overrides_win(tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO)
     folder = write_folder(tmp_path / "images", classes=60, per_class=3)
-    code = main(["train", "--data", f"folder:{folder}", "--backbone", "tiny", "--steps", "3", "--quiet", "--out", str(tmp_path / "run"), "model.pretrained=false", "model.embedding_dim=16",
-                 "train.device=cpu", "eval.nmi=false"])
+    code = main(["train", "--data", f"folder:{folder}", "--backbone", "tiny", "--steps", "3", "--quiet",
+                 "--out", str(tmp_path / "run"), "model.pretrained=false", "model.embedding_dim=16", "train.device=cpu",
+                 "eval.nmi=false"])
     assert code == 0
     text = caplog.text
     assert "no --config: settings chosen from folder:" in text
-    assert "data.image_size=64: the training images' median shorter side is 48 px; the recipe trains at 64-224 px" in text
+    assert "data.image_size=64: the training images' median shorter side is 48 px; the recipe trains at 64-224" in text
     assert "data.val_fraction=0.333: 10 of the 30 training classes select the checkpoint, 20 train" in text
     assert "train.steps=100" in text and "(your train.steps=3 wins)" in text
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())

@@ -65,9 +65,9 @@ def _shown(value: Any) -> str:
 
 
 def image_size(paths: list[Any], sample: int = SIZE_SAMPLE) -> tuple[int, int]:
-    """The training size for images ``paths`` (files, or arrays held in memory; evenly spaced sample of at most ``sample``): their median shorter
-    side rounded to a multiple of ``SIZE_STEP`` within ``MIN_SIZE``-``MAX_SIZE``; and that median. Unreadable
-    images are skipped here (the run's own image check names them)."""
+    """The training size for images ``paths`` (files, or arrays held in memory; an evenly spaced sample of at most
+    ``sample``): their median shorter side rounded to a multiple of ``SIZE_STEP`` within ``MIN_SIZE``-``MAX_SIZE``;
+    and that median. Unreadable images are skipped here (the run's own image check names them)."""
     chosen = paths if len(paths) <= sample else [paths[int(i)] for i in np.linspace(0, len(paths) - 1, sample)]
     sides = []
     for item in chosen:
