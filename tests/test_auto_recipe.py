@@ -69,6 +69,7 @@ def test_the_recipe_follows_the_data_and_its_choices_are_a_config_layer():
     assert big["data.val_fraction"].value == pytest.approx(0.2)
     assert big["data.samples_per_class"].value == 4 and big["data.classes_per_batch"].value == 16
     assert big["train.steps"].value == int(np.ceil(20 * round(560 * 0.8) / 64))
+    assert big["train.select_by"].value == "map@r" and "validation images moves in steps" in big["train.select_by"].why
     assert big["train.patience"].value == 5 and big["train.eval_every"].value == big["train.steps"].value // 20
     layer = as_layer(list(big.values()))
     assert layer["data"]["classes_per_batch"] == 16 and layer["train"]["lr_backbone"] == 1e-4
@@ -106,12 +107,14 @@ def test_the_run_says_plainly_when_training_does_not_beat_the_backbone(tmp_path,
     backbone = {"recall@1": 0.60, "map@r": 0.30, "r_precision": 0.40}
 
     def fake_train(config, out, resume=False, progress=True):
-        return TrainResult(out, 10, 5, 0.55, 1.0, 0, None, backbone, False)
+        best = {"recall@1": 0.55, "map@r": 0.25, "r_precision": 0.35}
+        return TrainResult(out, 10, 5, 0.55, 1.0, 0, None, best, backbone, False)
 
     monkeypatch.setattr(training, "train", fake_train)
     assert main(["train", "--data", "digits", "--backbone", "tiny", "--no-test", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
-    assert "training did not beat the untrained backbone on validation (Recall@1 55.00% against 60.00%" in out
+    assert ("training did not beat the untrained backbone on validation (Recall@1 55.00%, MAP@R 25.00% at the "
+            "selected step against 60.00% and 30.00% for the backbone)") in out
     assert "When training does not help" in out
     best = {"key": [0.60, 0.30, 0.41]}
     assert beats_backbone(best, backbone) is True and beats_backbone({"key": [0.60, 0.30, 0.40]}, backbone) is False
@@ -132,3 +135,17 @@ def test_patience_stops_a_run_that_no_longer_improves_and_it_stays_stopped_when_
     assert (again.start_step, again.steps, again.stopped_early) == (8, 8, 8)
     go_on = {**sections, "train": {**sections["train"], "patience": 0, "steps": 10}}
     assert train(tiny_config(**go_on), tmp_path / "run", resume=True, progress=False).steps == 10
+
+
+def test_select_by_map_at_r_ranks_checkpoints_by_map_at_r_first():
+    from deepmetric.config import build_config
+    from deepmetric.errors import ConfigError
+    from deepmetric.training.trainer import selection_key
+
+    coarse, smooth = {"recall@1": 0.70, "map@r": 0.33, "r_precision": 0.40}, {"recall@1": 0.65, "map@r": 0.38,
+                                                                                "r_precision": 0.41}
+    assert selection_key(coarse) > selection_key(smooth)
+    assert selection_key(smooth, "map@r") > selection_key(coarse, "map@r")
+    assert beats_backbone({"key": selection_key(smooth, "map@r")}, coarse, "map@r") is True
+    with pytest.raises(ConfigError, match="train.select_by must be one of recall@1, map@r, got 'r@1'"):
+        build_config({"train": {"select_by": "r@1"}})

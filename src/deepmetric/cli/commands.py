@@ -131,11 +131,11 @@ def _auto_recipe(config: Any, layers: list[dict[str, Any]]) -> Any:
 
 def _not_better_than_backbone(result: Any) -> str:
     """The plain words for a run whose selected checkpoint does not rank above the untrained backbone."""
-    val, best = result.backbone_val, result.best_score
-    return (f"training did not beat the untrained backbone on validation (Recall@1 {100 * best:.2f}% against "
-            f"{100 * val['recall@1']:.2f}%, MAP@R {100 * val['map@r']:.2f}% for the backbone): the backbone's own "
-            "features retrieve these classes as well; docs/getting-started.md ('When training does not help') says "
-            "what to try")
+    val, best = result.backbone_val, result.best_val
+    return (f"training did not beat the untrained backbone on validation (Recall@1 {100 * best['recall@1']:.2f}%, "
+            f"MAP@R {100 * best['map@r']:.2f}% at the selected step against {100 * val['recall@1']:.2f}% and "
+            f"{100 * val['map@r']:.2f}% for the backbone): the backbone's own features retrieve these classes as "
+            "well; docs/getting-started.md ('When training does not help') says what to try")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -187,7 +187,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             resumed = f" (steps {result.start_step + 1}-{result.steps}, resumed)" if result.start_step else ""
             say(f"trained {done} steps{resumed} in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
-            say(f"best validation Recall@1 {100 * result.best_score:.2f}% at step {result.best_step}")
+            from ..training.trainer import SELECTED_BY
+
+            say(f"best validation {SELECTED_BY[config.train.select_by]} {100 * result.best_score:.2f}% at step "
+                f"{result.best_step}")
         if result.beats_backbone is False:
             say(_not_better_than_backbone(result))
     from ..distributed import rank_from_env

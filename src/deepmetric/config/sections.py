@@ -127,6 +127,10 @@ class TrainConfig:
     lr_gamma: float = 0.1
     """The factor of the ``step`` schedule."""
     eval_every: int = 500
+    select_by: str = "recall@1"
+    """What validation selects the ``best`` checkpoint (and ``patience`` waits) by: ``recall@1`` (ties broken by
+    MAP@R, then R-precision) or ``map@r`` (ties broken by Recall@1, then R-precision): on a validation split of a
+    few dozen queries Recall@1 moves in coarse steps, where MAP@R uses every relevant image of each query."""
     patience: int = 0
     """Early stopping: stop once this many validations in a row (every ``eval_every`` steps) have not improved on
     the best one; 0 trains every step. A run stopped so stays stopped when resumed, unless given ``patience=0``."""

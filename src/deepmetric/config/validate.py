@@ -34,6 +34,10 @@ MAX_WORKERS = 128
 accepted and started."""
 
 
+SELECT_BY = ("recall@1", "map@r")
+"""What ``train.select_by`` may name (``training.trainer.selection_key``)."""
+
+
 def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(values, name)
@@ -127,6 +131,8 @@ def _validate_train(t: TrainConfig) -> None:
     _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads", "patience"))
     _seeds("train", t, ("seed",))
     _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
+    if t.select_by not in SELECT_BY:
+        raise ConfigError(f"train.select_by must be one of {', '.join(SELECT_BY)}, got '{t.select_by}'")
     if t.lr_schedule not in LR_SCHEDULES:
         raise ConfigError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{t.lr_schedule}'")
     if t.lr_schedule == "step":

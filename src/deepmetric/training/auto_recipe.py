@@ -13,7 +13,8 @@ there, issue 53). This recipe reads the training split instead and chooses, each
 - **P x K batch**: K images a class (the median class's count, 2-4), P classes (up to ``BATCH // K``, no more than
   the training classes with 2 images or more).
 - **steps**: ``EPOCHS`` passes over the training images, within ``MIN_STEPS``-``MAX_STEPS``; validation
-  ``VALIDATIONS`` times over the run; early stopping after ``PATIENCE`` validations without a better one.
+  ``VALIDATIONS`` times over the run, the checkpoint selected by validation MAP@R (Recall@1 of a few dozen
+  validation images moves in coarse steps); early stopping after ``PATIENCE`` validations without a better one.
 - **rates**: 1e-3 for the new layers and 1e-4 for the pretrained backbone (the emoji and glyphs presets' rates, which
   move an ImageNet backbone within a few hundred steps), BatchNorm statistics frozen.
 - **augmentation**: the crop keeps the whole object (scale range [1.0, 1.3]) and images are not mirrored, since
@@ -127,6 +128,10 @@ def auto_recipe(table: RetrievalTable) -> list[Choice]:
         every = max(1, steps // VALIDATIONS)
         choices.append(Choice("train.eval_every", every, f"{VALIDATIONS} validations over the run"))
         choices.append(Choice("train.checkpoint_every", every, "a checkpoint at each validation"))
+        val_images = max(1, n_images - images)
+        choices.append(Choice("train.select_by", "map@r", f"Recall@1 over about {val_images:,} validation images "
+                              f"moves in steps of {100 / val_images:.2g} points; MAP@R uses every relevant image of "
+                              "each query"))
         choices.append(Choice("train.patience", PATIENCE, f"stop after {PATIENCE} validations without a better one"))
     else:
         every = max(1, steps // 4)

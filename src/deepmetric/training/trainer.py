@@ -58,11 +58,14 @@ class TrainResult:
     steps: int
     best_step: int | None
     best_score: float | None
+    """The selected checkpoint's validation figure named by ``train.select_by``."""
     seconds: float
     start_step: int = 0
     """The step this session started from (0, or the checkpoint's step when resumed)."""
     stopped_early: int | None = None
     """The step ``train.patience`` stopped at (then ``steps`` is that step), else None."""
+    best_val: dict[str, float] | None = None
+    """The selected checkpoint's validation figures (Recall@1, MAP@R, R-precision), else None."""
     backbone_val: dict[str, float] | None = None
     """The untrained backbone's validation figures (``eval.baseline`` with a validation split), else None."""
     beats_backbone: bool | None = None
@@ -152,10 +155,15 @@ class Session:
     """The training split decoded once (``data.cache``)."""
 
 
-def selection_key(metrics: dict[str, float]) -> list[float]:
-    """How validation ranks checkpoints: Recall@1, ties (it saturates on small validation sets) broken by MAP@R,
-    then R-precision."""
-    return [metrics["recall@1"], metrics["map@r"], metrics["r_precision"]]
+SELECTED_BY = {"recall@1": "Recall@1", "map@r": "MAP@R"}
+"""How ``train.select_by``'s figure is named in what a run says."""
+
+
+def selection_key(metrics: dict[str, float], by: str = "recall@1") -> list[float]:
+    """How validation ranks checkpoints (``train.select_by``): Recall@1, ties (it saturates on small validation
+    sets) broken by MAP@R, then R-precision; or MAP@R first, then Recall@1 and R-precision."""
+    first, second = ("map@r", "recall@1") if by == "map@r" else ("recall@1", "map@r")
+    return [metrics[first], metrics[second], metrics["r_precision"]]
 
 
 def _improves(key: list[float], best: dict[str, Any]) -> bool:
@@ -197,10 +205,12 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
     config, context = session.config, session.context
     metrics = evaluate(session.model, session.table, "val", EmbedSettings.from_config(config, session.device, False),
                        (1,), nmi=False, engine=config.eval.engine, context=context)
-    key = selection_key(metrics)
+    by = config.train.select_by
+    key = selection_key(metrics, by)
     improved = _improves(key, session.best)
     if improved:
-        session.best = {"score": metrics["recall@1"], "step": step, "key": key}
+        session.best = {"score": metrics[by], "step": step, "key": key,
+                        "metrics": {m: metrics[m] for m in ("recall@1", "map@r", "r_precision")}}
     if context.is_main:
         session.run.append_log({"step": step, "split": "val", **metrics})
         if session.scalars is not None:
@@ -210,7 +220,7 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
     if bar is not None:
         best = session.best
         line = (f"step {step}: validation Recall@1 {metrics['recall@1']:.4f}, MAP@R {metrics['map@r']:.4f} "
-                f"(best {best['score']:.4f} at step {best['step']})")
+                f"(best {SELECTED_BY[config.train.select_by]} {best['score']:.4f} at step {best['step']})")
         stream = getattr(bar, "fp", None)  # a bar tqdm disabled (TQDM_DISABLE) has none
         if stream is None:
             log.info("%s", line)
@@ -374,12 +384,12 @@ def _backbone_on_validation(session: Session) -> dict[str, float]:
     return dict(baseline["metrics"])
 
 
-def beats_backbone(best: dict[str, Any], backbone: dict[str, float] | None) -> bool | None:
+def beats_backbone(best: dict[str, Any], backbone: dict[str, float] | None, by: str = "recall@1") -> bool | None:
     """Whether the selected checkpoint's validation figures rank above the untrained backbone's by
     ``selection_key``; None when either is unknown."""
     if backbone is None or best.get("key") is None:
         return None
-    return list(best["key"]) > selection_key(backbone)
+    return list(best["key"]) > selection_key(backbone, by)
 
 
 def _stop_requested(stop_signum: int | None, context: DistContext) -> int | None:
@@ -518,7 +528,8 @@ def _loop(session: Session) -> TrainResult:
     context.barrier()
     best = session.best
     return TrainResult(run.path, end, best["step"], best["score"], time.perf_counter() - started, start_step,
-                       session.stopped_early, session.backbone_val, beats_backbone(best, session.backbone_val))
+                       session.stopped_early, best.get("metrics"), session.backbone_val,
+                       beats_backbone(best, session.backbone_val, t.select_by))
 
 
 def _out_of_patience(session: Session, step: int) -> bool:
