@@ -53,13 +53,35 @@ def _config() -> dict:
     return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)
 
 
+# mkdocs run with torch, torchvision and deepmetric refused: the site is built from the Markdown and the sources'
+# text (mkdocstrings reads the docstrings statically), so `make docs` installs only requirements-docs.txt
+MKDOCS_WITHOUT_TORCH = """
+import sys
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "torchvision", "deepmetric"):
+            raise ImportError(f"the documentation build imported {name}: it must need only requirements-docs.txt")
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+from mkdocs.__main__ import cli
+
+sys.argv[0] = "mkdocs"
+cli()
+"""
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The site, built once for this module with ``mkdocs build --strict`` into a temporary folder."""
+    """The site, built once for this module with ``mkdocs build --strict`` into a temporary folder, in a process
+    that may not import torch nor deepmetric (as in `make docs`' own small environment)."""
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-c", MKDOCS_WITHOUT_TORCH, "build", "--strict", "--site-dir", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
     assert "WARNING" not in result.stderr, result.stderr
     return out
@@ -83,6 +105,40 @@ def test_the_site_builds_strictly_with_every_page(site):
     index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
     locations = {doc["location"].split("#")[0] for doc in index["docs"]}
     assert {str(Path(p).with_suffix(".html")) for p in pages} <= locations
+
+
+def _requirements(lines) -> dict[str, str]:
+    """{distribution name, lower case: the whole requirement} of requirement lines (comments and blanks dropped)."""
+    found = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            found[re.match(r"[A-Za-z0-9_.-]+", line)[0].lower()] = line
+    return found
+
+
+def test_make_docs_installs_only_what_mkdocs_needs():
+    """`make docs` builds the site in a small environment of its own from requirements-docs.txt: not the project's
+    environment, whose torch is 6 GB (it ran `make install-dev`: torch, then every dev dependency). The dev extra
+    holds the same requirements, so that the suite builds the site with what `make docs` installs."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    result = subprocess.run([make, "-n", "-B", "docs"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    recipe = result.stdout
+    assert "mkdocs build --strict" in recipe, recipe
+    assert "-r requirements-docs.txt" in recipe, recipe
+    for heavy in ("torch", "-e .", "[dev]"):
+        assert heavy not in recipe, (heavy, recipe)
+    docs = _requirements((ROOT / "requirements-docs.txt").read_text(encoding="utf-8").splitlines())
+    assert {"mkdocs-material", "mkdocstrings"} <= set(docs) and "[python]" in docs["mkdocstrings"], docs
+    assert not {"torch", "torchvision", "deepmetric"} & set(docs), docs
+    import tomllib
+
+    dev = _requirements(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+                        ["project"]["optional-dependencies"]["dev"])
+    assert {name: dev.get(name) for name in docs} == docs
 
 
 def test_the_site_loads_nothing_from_the_network(site):
