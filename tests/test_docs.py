@@ -137,6 +137,19 @@ def _run_shell(block: Block, script: str, folder: Path) -> str:
     return result.stdout
 
 
+def _check_excerpt(block: Block, command: str, out: str, expected: list[str]) -> None:
+    """What a ```console block shows below ``$ command``: the output's first lines, up to its end or a blank line
+    (the presets' table without its footer), never a paragraph cut short (`deepmetric --help` showed the first line
+    of a usage that went on to list the commands)."""
+    got = [line.rstrip() for line in out.split("\n")]
+    shown = [line.rstrip() for line in expected]
+    assert got[:len(shown)] == shown, (
+        f"{block.where}: `{command}` printed\n{out}\nnot what the page shows:\n" + "\n".join(expected))
+    assert len(got) == len(shown) or got[len(shown)] == "", (
+        f"{block.where}: the page shows `{command}`'s output cut inside a paragraph, before:\n"
+        + "\n".join(got[len(shown):len(shown) + 3]))
+
+
 def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
     """Run one block in ``folder``; returns what it printed."""
     from deepmetric.cli import main
@@ -152,9 +165,7 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
         for shown in re.split(r"^\$ ", block.body, flags=re.M)[1:]:
             command, *expected = shown.rstrip("\n").split("\n")
             out = _run_shell(block, command, folder)
-            got = [line.rstrip() for line in out.split("\n")]
-            assert got[:len(expected)] == [line.rstrip() for line in expected], (
-                f"{block.where}: `{command}` printed\n{out}\nnot what the page shows:\n" + "\n".join(expected))
+            _check_excerpt(block, command, out, expected)
         return ""
     lines = commands(block.body)
     if all(line.startswith("deepmetric ") for line in lines):
@@ -164,6 +175,23 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
             assert code == 0, f"{block.where}: `{line}` exited {code}\n{printed.getvalue()}"
         return printed.getvalue()
     return _run_shell(block, block.body, folder)
+
+
+def test_the_help_excerpt_shows_every_command(tmp_path):
+    """docs/cli.md opens with `deepmetric --help` as it prints: the usage and every command with its summary (the
+    page showed the usage's first line alone, which names no command: an excerpt was checked as a prefix only)."""
+    from deepmetric.cli.parser import build_parser
+
+    page = DOCS / "cli.md"
+    [block] = [b for b in runnable(page) if b.language == "console" and b.body.startswith("$ deepmetric --help\n")]
+    command, *expected = block.body.removeprefix("$ ").rstrip("\n").split("\n")
+    out = _run_shell(block, command, tmp_path)
+    _check_excerpt(block, command, out, expected)
+    parser = build_parser()
+    [subparsers] = [action for action in parser._actions if action.choices and action.dest != "help"]
+    shown = "\n".join(expected)
+    for name in subparsers.choices:
+        assert re.search(rf"^    {name}\b", shown, flags=re.M), f"{block.where}: --help's excerpt lacks {name}"
 
 
 def _run_page(page: Path, folder: Path, monkeypatch) -> list[str]:
