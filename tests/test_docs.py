@@ -194,6 +194,22 @@ def test_the_help_excerpt_shows_every_command(tmp_path):
         assert re.search(rf"^    {name}\b", shown, flags=re.M), f"{block.where}: --help's excerpt lacks {name}"
 
 
+def test_the_pages_send_readers_to_nothing_a_clone_lacks():
+    """README, docs/ and the site pointed to the papers in `../shared/papers/`, a folder beside the authors'
+    checkout that a clone does not have: the papers are cited, with their arXiv pages, in docs/methods/index.md."""
+    for page in [*doc_pages(), ROOT / "mkdocs.yml"]:
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"shared/papers|\.\./shared/", text), f"{page.relative_to(ROOT)} names a shared/ folder"
+    methods = (DOCS / "methods" / "index.md").read_text(encoding="utf-8")
+    _, heading, papers = methods.partition("\n## The papers\n")
+    assert heading, "docs/methods/index.md has no section 'The papers'"
+    # ABE, DeML, DGML, DIABLO, HORDE
+    for arxiv in ("1804.00382", "1907.11832", "2011.08877", "2004.14644", "1908.02735"):
+        assert f"https://arxiv.org/abs/{arxiv}" in papers, arxiv
+    for page in (README, DOCS / "index.md", DOCS / "reproduce.md"):
+        assert "methods/index.md#the-papers" in page.read_text(encoding="utf-8"), page.name
+
+
 def _run_page(page: Path, folder: Path, monkeypatch) -> list[str]:
     namespace: dict = {"__name__": "__docs__"}
     return [_run_block(block, folder, namespace, monkeypatch) for block in runnable(page)]
