@@ -20,7 +20,9 @@ the scratch folder.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import io
 import os
 import re
@@ -150,6 +152,25 @@ def _check_excerpt(block: Block, command: str, out: str, expected: list[str]) ->
         + "\n".join(got[len(shown):len(shown) + 3]))
 
 
+def _showing_discarded_values(source: str, where: str) -> ast.Module:
+    """``source`` with each top-level expression statement passed to ``__discarded__(value, line)``: a value that a
+    REPL would show and a script throws away silently (Getting started's last line computed the metrics it
+    described, and printed nothing)."""
+    tree = ast.parse(source, where)
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.Expr):
+            call = ast.Call(func=ast.Name("__discarded__", ast.Load()), args=[node.value, ast.Constant(node.lineno)],
+                            keywords=[])
+            tree.body[i] = ast.copy_location(ast.Expr(ast.copy_location(call, node.value)), node)
+    return ast.fix_missing_locations(tree)
+
+
+def _discarded(block: Block, value, line: int) -> None:
+    assert value is None, (
+        f"{block.where}: line {line} of the block computes a {type(value).__name__} and throws it away; run as a "
+        f"script it shows nothing (a REPL would): print it, or assign it")
+
+
 def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
     """Run one block in ``folder``; returns what it printed."""
     from deepmetric.cli import main
@@ -158,8 +179,9 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
     monkeypatch.setenv("DEEPMETRIC_DATA", str(folder / ".deepmetric-data"))
     printed = io.StringIO()
     if block.language == "python":
+        namespace["__discarded__"] = functools.partial(_discarded, block)
         with contextlib.redirect_stdout(printed):
-            exec(compile(block.body, block.where, "exec"), namespace)
+            exec(compile(_showing_discarded_values(block.body, block.where), block.where, "exec"), namespace)
         return printed.getvalue()
     if block.language == "console":
         for shown in re.split(r"^\$ ", block.body, flags=re.M)[1:]:
@@ -175,6 +197,20 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
             assert code == 0, f"{block.where}: `{line}` exited {code}\n{printed.getvalue()}"
         return printed.getvalue()
     return _run_shell(block, block.body, folder)
+
+
+def test_a_python_block_may_not_compute_a_value_and_show_nothing(tmp_path, monkeypatch):
+    """A ```python block runs as a script: an expression statement whose value is not None (shown by a REPL, lost in
+    a script) fails its page, as Getting started's `retrieval_metrics(...)` on its last line did; a call that
+    returns None (print, np.save) and a value assigned or printed pass."""
+    page = DOCS / "probe.md"
+
+    def run(body: str) -> str:
+        return _run_block(Block(page, 1, "python", body, None), tmp_path, {"__name__": "__docs__"}, monkeypatch)
+
+    assert run("values = {'recall@1': 1.0}\nprint(values)\n[].append(1)\n") == "{'recall@1': 1.0}\n"
+    with pytest.raises(AssertionError, match=r"docs/probe.md:1: line 2 of the block computes a dict and throws it"):
+        run("import math\n{'recall@1': math.pi}\n")
 
 
 def test_the_help_excerpt_shows_every_command(tmp_path):
@@ -227,12 +263,15 @@ def workspace(tmp_path_factory):
 @pytest.mark.integration
 def test_getting_started_runs_and_its_python_example_prints_the_metrics(workspace):
     """Getting started's blocks: the digits folder, the tiny run on it, and the Python example on the real offline
-    backbone, whose ``evaluate`` prints its metrics (README's Python example until the documentation site)."""
+    backbone, which prints the metrics of ``evaluate`` and then those of ``retrieval_metrics`` (README's Python
+    example until the documentation site; its last line computed them and printed nothing)."""
     folder, printed = workspace
     assert (folder / "runs/digits/checkpoints/last.safetensors").exists()
     assert (folder / "runs/digits/report.html").exists()
     assert sorted(p.name for p in (folder / "digits").iterdir()) == [str(d) for d in range(10)]
-    assert any("'recall@1'" in out and "'map@r'" in out for out in printed)
+    python = [out for block, out in zip(runnable(FIRST), printed, strict=True) if block.language == "python"]
+    shown = [line for line in python[-1].splitlines() if "'recall@1'" in line and "'map@r'" in line]
+    assert len(shown) == 2, python[-1]
 
 
 PAGES = [page for page in doc_pages() if page != FIRST and runnable(page)]
