@@ -246,6 +246,29 @@ def test_the_pages_send_readers_to_nothing_a_clone_lacks():
         assert "methods/index.md#the-papers" in page.read_text(encoding="utf-8"), page.name
 
 
+CPU_TORCH = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_the_install_says_how_to_leave_out_torchs_cuda_libraries():
+    """PyPI's Linux torch wheels pull CUDA's libraries (5.9 GB) even on a machine without a GPU: README and Getting
+    started say to install torch's CPU build first, in a block that then installs deepmetric (`pip install -e .`
+    or a wheel), and how to do the same under `make install` (its torch pin kept: a local `+cpu` version meets
+    it)."""
+    for page in (README, FIRST):
+        shown = [b for b in blocks(page) if CPU_TORCH in b.body]
+        assert shown, f"{page.relative_to(ROOT)} does not say how to install torch's CPU build"
+        lines = shown[0].body.splitlines()
+        first = next(i for i, line in enumerate(lines) if CPU_TORCH in line)
+        assert any(re.match(r"\s*pip install (-e \.|\S*deepmetric)", line) for line in lines[first + 1:]), lines
+        make = [b for b in blocks(page) if "make install" in b.body and "whl/cpu" in b.body]
+        assert make, f"{page.relative_to(ROOT)} does not say how to keep make install on torch's CPU build"
+        body = make[0].body
+        assert "torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cpu" in body, body
+        assert body.index("whl/cpu") < body.index("make install"), body
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "TORCH := torch==2.14.1 torchvision==0.29.1\n" in makefile  # the pins the pages repeat
+
+
 def _run_page(page: Path, folder: Path, monkeypatch) -> list[str]:
     namespace: dict = {"__name__": "__docs__"}
     return [_run_block(block, folder, namespace, monkeypatch) for block in runnable(page)]
