@@ -2,10 +2,12 @@
 #   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
 #   make demo-glyphs   the same on the offline glyphs toy set
 #   make test   set up with the dev dependencies and run the test suite
-#   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline
+#   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline, in a small environment of its
+#               own (.venv-docs: mkdocs and its plug-ins from requirements-docs.txt, no torch)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DOCS_VENV := .venv-docs
 PIP := $(BIN)/python -m pip
 # torch/torchvision as this project's machines install them from local files (keep pyproject's ranges in step)
 TORCH := torch==2.14.1 torchvision==0.29.1
@@ -79,10 +81,17 @@ test: install-dev system-packages
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks
 
+# mkdocs only: the site needs neither torch nor deepmetric (mkdocstrings reads the sources' docstrings as text)
+$(DOCS_VENV)/.installed: requirements-docs.txt
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DOCS_VENV)/bin/python -m pip install --quiet --no-compile -r requirements-docs.txt
+	touch $@
+
 # --strict: a broken link or anchor, a page left out of the navigation or an unresolved API reference fails the build
-docs: install-dev
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 	@echo "documentation: site/index.html"
 
 clean:
-	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DOCS_VENV) runs build site *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -20,7 +20,9 @@ the scratch folder.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import io
 import os
 import re
@@ -137,6 +139,38 @@ def _run_shell(block: Block, script: str, folder: Path) -> str:
     return result.stdout
 
 
+def _check_excerpt(block: Block, command: str, out: str, expected: list[str]) -> None:
+    """What a ```console block shows below ``$ command``: the output's first lines, up to its end or a blank line
+    (the presets' table without its footer), never a paragraph cut short (`deepmetric --help` showed the first line
+    of a usage that went on to list the commands)."""
+    got = [line.rstrip() for line in out.split("\n")]
+    shown = [line.rstrip() for line in expected]
+    assert got[:len(shown)] == shown, (
+        f"{block.where}: `{command}` printed\n{out}\nnot what the page shows:\n" + "\n".join(expected))
+    assert len(got) == len(shown) or got[len(shown)] == "", (
+        f"{block.where}: the page shows `{command}`'s output cut inside a paragraph, before:\n"
+        + "\n".join(got[len(shown):len(shown) + 3]))
+
+
+def _showing_discarded_values(source: str, where: str) -> ast.Module:
+    """``source`` with each top-level expression statement passed to ``__discarded__(value, line)``: a value that a
+    REPL would show and a script throws away silently (Getting started's last line computed the metrics it
+    described, and printed nothing)."""
+    tree = ast.parse(source, where)
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.Expr):
+            call = ast.Call(func=ast.Name("__discarded__", ast.Load()), args=[node.value, ast.Constant(node.lineno)],
+                            keywords=[])
+            tree.body[i] = ast.copy_location(ast.Expr(ast.copy_location(call, node.value)), node)
+    return ast.fix_missing_locations(tree)
+
+
+def _discarded(block: Block, value, line: int) -> None:
+    assert value is None, (
+        f"{block.where}: line {line} of the block computes a {type(value).__name__} and throws it away; run as a "
+        f"script it shows nothing (a REPL would): print it, or assign it")
+
+
 def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
     """Run one block in ``folder``; returns what it printed."""
     from deepmetric.cli import main
@@ -145,16 +179,15 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
     monkeypatch.setenv("DEEPMETRIC_DATA", str(folder / ".deepmetric-data"))
     printed = io.StringIO()
     if block.language == "python":
+        namespace["__discarded__"] = functools.partial(_discarded, block)
         with contextlib.redirect_stdout(printed):
-            exec(compile(block.body, block.where, "exec"), namespace)
+            exec(compile(_showing_discarded_values(block.body, block.where), block.where, "exec"), namespace)
         return printed.getvalue()
     if block.language == "console":
         for shown in re.split(r"^\$ ", block.body, flags=re.M)[1:]:
             command, *expected = shown.rstrip("\n").split("\n")
             out = _run_shell(block, command, folder)
-            got = [line.rstrip() for line in out.split("\n")]
-            assert got[:len(expected)] == [line.rstrip() for line in expected], (
-                f"{block.where}: `{command}` printed\n{out}\nnot what the page shows:\n" + "\n".join(expected))
+            _check_excerpt(block, command, out, expected)
         return ""
     lines = commands(block.body)
     if all(line.startswith("deepmetric ") for line in lines):
@@ -164,6 +197,76 @@ def _run_block(block: Block, folder: Path, namespace: dict, monkeypatch) -> str:
             assert code == 0, f"{block.where}: `{line}` exited {code}\n{printed.getvalue()}"
         return printed.getvalue()
     return _run_shell(block, block.body, folder)
+
+
+def test_a_python_block_may_not_compute_a_value_and_show_nothing(tmp_path, monkeypatch):
+    """A ```python block runs as a script: an expression statement whose value is not None (shown by a REPL, lost in
+    a script) fails its page, as Getting started's `retrieval_metrics(...)` on its last line did; a call that
+    returns None (print, np.save) and a value assigned or printed pass."""
+    page = DOCS / "probe.md"
+
+    def run(body: str) -> str:
+        return _run_block(Block(page, 1, "python", body, None), tmp_path, {"__name__": "__docs__"}, monkeypatch)
+
+    assert run("values = {'recall@1': 1.0}\nprint(values)\n[].append(1)\n") == "{'recall@1': 1.0}\n"
+    with pytest.raises(AssertionError, match=r"docs/probe.md:1: line 2 of the block computes a dict and throws it"):
+        run("import math\n{'recall@1': math.pi}\n")
+
+
+def test_the_help_excerpt_shows_every_command(tmp_path):
+    """docs/cli.md opens with `deepmetric --help` as it prints: the usage and every command with its summary (the
+    page showed the usage's first line alone, which names no command: an excerpt was checked as a prefix only)."""
+    from deepmetric.cli.parser import build_parser
+
+    page = DOCS / "cli.md"
+    [block] = [b for b in runnable(page) if b.language == "console" and b.body.startswith("$ deepmetric --help\n")]
+    command, *expected = block.body.removeprefix("$ ").rstrip("\n").split("\n")
+    out = _run_shell(block, command, tmp_path)
+    _check_excerpt(block, command, out, expected)
+    parser = build_parser()
+    [subparsers] = [action for action in parser._actions if action.choices and action.dest != "help"]
+    shown = "\n".join(expected)
+    for name in subparsers.choices:
+        assert re.search(rf"^    {name}\b", shown, flags=re.M), f"{block.where}: --help's excerpt lacks {name}"
+
+
+def test_the_pages_send_readers_to_nothing_a_clone_lacks():
+    """README, docs/ and the site pointed to the papers in `../shared/papers/`, a folder beside the authors'
+    checkout that a clone does not have: the papers are cited, with their arXiv pages, in docs/methods/index.md."""
+    for page in [*doc_pages(), ROOT / "mkdocs.yml"]:
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"shared/papers|\.\./shared/", text), f"{page.relative_to(ROOT)} names a shared/ folder"
+    methods = (DOCS / "methods" / "index.md").read_text(encoding="utf-8")
+    _, heading, papers = methods.partition("\n## The papers\n")
+    assert heading, "docs/methods/index.md has no section 'The papers'"
+    # ABE, DeML, DGML, DIABLO, HORDE
+    for arxiv in ("1804.00382", "1907.11832", "2011.08877", "2004.14644", "1908.02735"):
+        assert f"https://arxiv.org/abs/{arxiv}" in papers, arxiv
+    for page in (README, DOCS / "index.md", DOCS / "reproduce.md"):
+        assert "methods/index.md#the-papers" in page.read_text(encoding="utf-8"), page.name
+
+
+CPU_TORCH = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_the_install_says_how_to_leave_out_torchs_cuda_libraries():
+    """PyPI's Linux torch wheels pull CUDA's libraries (5.9 GB) even on a machine without a GPU: README and Getting
+    started say to install torch's CPU build first, in a block that then installs deepmetric (`pip install -e .`
+    or a wheel), and how to do the same under `make install` (its torch pin kept: a local `+cpu` version meets
+    it)."""
+    for page in (README, FIRST):
+        shown = [b for b in blocks(page) if CPU_TORCH in b.body]
+        assert shown, f"{page.relative_to(ROOT)} does not say how to install torch's CPU build"
+        lines = shown[0].body.splitlines()
+        first = next(i for i, line in enumerate(lines) if CPU_TORCH in line)
+        assert any(re.match(r"\s*pip install (-e \.|\S*deepmetric)", line) for line in lines[first + 1:]), lines
+        make = [b for b in blocks(page) if "make install" in b.body and "whl/cpu" in b.body]
+        assert make, f"{page.relative_to(ROOT)} does not say how to keep make install on torch's CPU build"
+        body = make[0].body
+        assert "torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cpu" in body, body
+        assert body.index("whl/cpu") < body.index("make install"), body
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "TORCH := torch==2.14.1 torchvision==0.29.1\n" in makefile  # the pins the pages repeat
 
 
 def _run_page(page: Path, folder: Path, monkeypatch) -> list[str]:
@@ -183,12 +286,15 @@ def workspace(tmp_path_factory):
 @pytest.mark.integration
 def test_getting_started_runs_and_its_python_example_prints_the_metrics(workspace):
     """Getting started's blocks: the digits folder, the tiny run on it, and the Python example on the real offline
-    backbone, whose ``evaluate`` prints its metrics (README's Python example until the documentation site)."""
+    backbone, which prints the metrics of ``evaluate`` and then those of ``retrieval_metrics`` (README's Python
+    example until the documentation site; its last line computed them and printed nothing)."""
     folder, printed = workspace
     assert (folder / "runs/digits/checkpoints/last.safetensors").exists()
     assert (folder / "runs/digits/report.html").exists()
     assert sorted(p.name for p in (folder / "digits").iterdir()) == [str(d) for d in range(10)]
-    assert any("'recall@1'" in out and "'map@r'" in out for out in printed)
+    python = [out for block, out in zip(runnable(FIRST), printed, strict=True) if block.language == "python"]
+    shown = [line for line in python[-1].splitlines() if "'recall@1'" in line and "'map@r'" in line]
+    assert len(shown) == 2, python[-1]
 
 
 PAGES = [page for page in doc_pages() if page != FIRST and runnable(page)]
