@@ -299,7 +299,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message = exc.detail if exc.status_code != 404 else f"not found: {request.method} {request.url.path[:200]}"
-        return error(exc.status_code, str(message))
+        return JSONResponse({"error": str(message)}, status_code=exc.status_code, headers=exc.headers)  # 405: Allow
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
