@@ -161,8 +161,8 @@ STATES = ("finished", "recorded", "training now", "stopped", "trained", "to trai
 def format_header(spec: StudySpec, runs: list[StudyRun]) -> str:
     """The dry run's first lines, printed before anything is built: how many runs, and how far the tuning of their
     variants is."""
-    lines = [f"study {spec.name}: checking {len(runs)} runs into {spec.out}, each built as training builds it (no image "
-             "is read, nothing written)"]
+    lines = [f"study {spec.name}: checking {len(runs)} runs into {spec.out}, each built as training builds it "
+             "(no image is read, nothing written)"]
     if spec.tune is not None:
         from .tuning import trials_of
 
