@@ -77,6 +77,24 @@ def test_explain_on_a_head_without_attention_is_one_clear_error(tmp_path, image_
     assert code == 2 and err == f"error: {tmp_path / 'typo.png'} does not exist\n" and not out.exists()  # first
 
 
+def test_a_head_without_maps_is_refused_from_the_checkpoint_header_before_the_model_is_built(tmp_path, image_folder,
+                                                                                             capsys, monkeypatch):
+    """Issue 53 item 10: ``explain`` on a GAP run built and loaded the model (12 s) before saying it has no maps.
+    The head's declaration (``Head.has_attention_maps``) is read from the checkpoint's header: no model is built."""
+    import deepmetric.viz.explain as explain
+
+    run_dir = tmp_path / "gap"
+    train(tiny_config(train={"steps": 1}), run_dir, progress=False)
+    built = []
+    monkeypatch.setattr(explain, "load_run_model", lambda *args, **kwargs: built.append(args) or 1 / 0)
+    for argv in (["--images", image_folder], ["--data"], ["--images", image_folder, "--data", "digits"]):
+        code, out, err = run(capsys, "explain", run_dir, *argv, "--out", tmp_path / "out", "--quiet")
+        assert code == 2 and out == "" and not (tmp_path / "out").exists(), argv
+        assert err == ("error: head 'gap' returns no attention maps, so there is nothing to explain; explain works "
+                       "with heads that attend over positions (abe, c-grouping, deml, dgml, diablo, g-grouping)\n")
+    assert built == []
+
+
 def edit_map(attention: torch.Tensor, k: int) -> torch.Tensor:
     """Map ``k`` of (B, P, h, w) maps with the half of its rows that does not hold its peak set to the lowest weight
     of all maps: the colour scale (lowest to highest weight) and every caption's peak stay as they were."""
