@@ -343,13 +343,21 @@ def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys)
     assert captured.out == "" and "no variant named 'aeb' (did you mean 'abe'?)" in captured.err
 
 
-def test_the_dry_run_prints_each_run_as_soon_as_it_is_checked(tmp_path, capsys, monkeypatch):
-    """Issue 53 item 8: ``study demo --dry-run`` printed nothing for 35 s, then its 66 lines at once. The first line
-    comes before anything is built, each run's lines as soon as that run is checked, the counts last."""
+def test_the_dry_run_prints_each_run_as_soon_as_it_is_checked(tmp_path, capsys, monkeypatch, caplog):
+    """Issue 53 item 8: ``study demo --dry-run`` printed nothing for 35 s, then its 66 lines at once. A line on
+    stderr comes before the study is read (which imports torch and the models: most of the wait), the first line of
+    the list before anything is built, each run's lines as soon as that run is checked, the counts last."""
+    import logging
+
+    import deepmetric.studies as studies
     import deepmetric.studies.dry_run as dry_run
     from deepmetric.cli import main
 
+    caplog.set_level(logging.INFO, logger="deepmetric.cli.commands")
     study = write_study(tmp_path, seeds=[0, 1])
+    logged_before_reading, read = [], studies.load_study
+    monkeypatch.setattr(studies, "load_study", lambda *args: logged_before_reading.extend(caplog.messages)
+                        or read(*args))
     printed_before_build, build = [], dry_run._build
 
     def watched(config):
@@ -368,6 +376,7 @@ def test_the_dry_run_prints_each_run_as_soon_as_it_is_checked(tmp_path, capsys, 
         assert text.startswith(f"  {run} [to train]: ") and text.count("\n") == 2 and "      ok: " in text
     assert rest.startswith("  gap / seed 1 [to train]: ")
     assert rest.endswith(f"\nstudy tiny: 4 runs into {tmp_path / 'out'} (4 to train)\n")
+    assert logged_before_reading == [f"study {study}: loading the models' code, then each run is checked in turn"]
 
 
 def test_results_csv_cells_cannot_run_as_spreadsheet_formulas():

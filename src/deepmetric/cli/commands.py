@@ -272,6 +272,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    if args.dry_run:  # reading the study checks each run's config against the models' code: torch loads first
+        logging.getLogger(__name__).info("study %s: loading the models' code, then each run is checked in turn",
+                                         args.file)
     from ..studies import load_study, run_study
 
     spec = load_study(args.file, [parse_override(text) for text in args.overrides])
