@@ -12,7 +12,7 @@ machines) says where it stands: ``finished``, ``recorded`` (in the record, resto
 (its test evaluation left) or ``to train``. The last line counts them.
 
 The command prints as it goes (``on_row``): a first line before anything is built, each run's lines once it is
-checked (a study of 66 runs took 35 s, silent, before its list appeared), then the counts.
+checked (the demo study's 33 runs were 35 s of silence, then 66 lines at once), then the counts.
 """
 
 from __future__ import annotations
