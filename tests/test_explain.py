@@ -77,6 +77,24 @@ def test_explain_on_a_head_without_attention_is_one_clear_error(tmp_path, image_
     assert code == 2 and err == f"error: {tmp_path / 'typo.png'} does not exist\n" and not out.exists()  # first
 
 
+def test_a_head_without_maps_is_refused_from_the_checkpoint_header_before_the_model_is_built(tmp_path, image_folder,
+                                                                                             capsys, monkeypatch):
+    """Issue 53 item 10: ``explain`` on a GAP run built and loaded the model (12 s) before saying it has no maps.
+    The head's declaration (``Head.has_attention_maps``) is read from the checkpoint's header: no model is built."""
+    import deepmetric.viz.explain as explain
+
+    run_dir = tmp_path / "gap"
+    train(tiny_config(train={"steps": 1}), run_dir, progress=False)
+    built = []
+    monkeypatch.setattr(explain, "load_run_model", lambda *args, **kwargs: built.append(args) or 1 / 0)
+    for argv in (["--images", image_folder], ["--data"], ["--images", image_folder, "--data", "digits"]):
+        code, out, err = run(capsys, "explain", run_dir, *argv, "--out", tmp_path / "out", "--quiet")
+        assert code == 2 and out == "" and not (tmp_path / "out").exists(), argv
+        assert err == ("error: head 'gap' returns no attention maps, so there is nothing to explain; explain works "
+                       "with heads that attend over positions (abe, c-grouping, deml, dgml, diablo, g-grouping)\n")
+    assert built == []
+
+
 def edit_map(attention: torch.Tensor, k: int) -> torch.Tensor:
     """Map ``k`` of (B, P, h, w) maps with the half of its rows that does not hold its peak set to the lowest weight
     of all maps: the colour scale (lowest to highest weight) and every caption's peak stay as they were."""
@@ -150,6 +168,51 @@ def test_upsample_is_bilinear_to_the_image_size():
     assert up.shape == (2, 8, 6)
     assert up[0].min() == 0.0 and up[0].max() == 1.0 and (up[0][:, 1:] >= up[0][:, :-1]).all()  # a ramp
     assert abs(up[1] - 0.25).max() < 1e-7  # a uniform map stays uniform
+
+
+def test_the_top_images_captions_fit_their_panels_and_never_overlap(monkeypatch):
+    """Issue 53 item 10: ``explain --data`` on a folder of long class names drew captions over each other. Each
+    caption is fitted to its panel's width (wrapped, at most two lines, cut in the middle with an ellipsis: the
+    class name's start and the peak stay); no text of the figure overlaps another, nor a panel, nor leaves it."""
+    import itertools
+
+    import numpy as np
+
+    import deepmetric.viz.overlays as overlays
+
+    figures, render = [], overlays.figure_png
+    monkeypatch.setattr(overlays, "figure_png", lambda figure, **kwargs: figures.append(figure) or render(figure,
+                                                                                                          **kwargs))
+    names = ["cat", "a-very-long-class-folder-name-of-an-icon-set-drawn-by-one-artist",
+             "slightly smiling face with open mouth and smiling eyes", "WWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWWW",
+             "$x$ and a very long name with dollars"]
+    image = np.full((32, 32, 3), 0.5)
+    rows = [[(image, torch.rand(4, 4), f"{name} 0.{g}{i}") for i, name in enumerate(names)] for g in range(3)]
+    title = ("dgml: per group, the 5 test images of folder:/home/someone/datasets/a-long-folder-of-icons with the "
+             "highest attention peak (caption: class, peak weight)")
+    png = overlays.top_images_grid(rows, title, "group")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    [figure] = figures
+    renderer = figure.canvas.get_renderer()
+    panels = [axes for axes in figure.axes if axes.images]
+    captions = [axes.title for axes in panels]
+    assert len(panels) == 15 and captions[0].get_text() == "cat 0.00"
+    for caption, (name, peak) in zip(captions, [(n, f"0.{g}{i}") for g in range(3) for i, n in enumerate(names)],
+                                     strict=True):
+        text = caption.get_text()
+        assert text.count("\n") <= 1 and text.endswith(peak) and text.startswith(name[:3]), text
+        assert "…" in text or f"{name} {peak}" in (text.replace("\n", " "), text.replace("\n", "")), text
+    texts = [t for t in [*captions, figure._suptitle] if t is not None and t.get_text()]
+    texts += [axes.yaxis.label for axes in panels if axes.yaxis.label.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    frame = figure.bbox
+    for text, box in zip(texts, boxes, strict=True):
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, \
+            (text.get_text(), box, frame)
+        for axes in panels:
+            assert not box.overlaps(axes.get_window_extent(renderer)), (text.get_text(), box)
+    for (a, first), (b, second) in itertools.combinations(zip(texts, boxes, strict=True), 2):
+        assert not first.overlaps(second), (a.get_text(), b.get_text())
 
 
 def test_names_with_dollars_draw_as_text_and_every_image_gets_its_own_overlay(tmp_path, capsys):

@@ -83,6 +83,9 @@ def test_every_trainable_parameter_gets_a_gradient_from_the_objective(trained_st
 def test_attention_maps_match_their_count_and_label(trained_step):
     name, model, _, output, _ = trained_step
     head = model.head
+    with torch.no_grad():  # as declared, in training and in eval mode (explain reads the declaration alone)
+        evaluated = model.eval()(torch.rand(2, 3, 64, 64)).attention
+    assert head.has_attention_maps == (output.attention is not None) == (evaluated is not None), name
     if output.attention is None:
         return
     assert output.attention.dim() == 4 and output.attention.shape[:2] == (len(LABELS), head.num_maps), name

@@ -72,6 +72,34 @@ def test_health_and_page(client):
     assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
 
 
+def test_head_is_answered_as_get_without_a_body(client, searcher):
+    """Issue 53 item 10: ``HEAD /`` (a link checker's, an uptime monitor's) got 405. The page, ``/health`` and a
+    thumbnail answer HEAD with GET's status and headers; on the wire no body follows them."""
+    import socket
+
+    for path in ("/", "/health", "/images/0"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == 200 == got.status_code, (path, head.status_code)
+        for name in ("content-type", "content-length", "content-security-policy", "x-content-type-options",
+                     "cache-control"):
+            assert head.headers.get(name) == got.headers.get(name), (path, name)
+        assert int(head.headers["content-length"]) == len(got.content) > 0 and head.content == b""
+    missing = client.head("/images/999")
+    assert missing.status_code == 404 and missing.headers["content-type"] == "application/json"
+    refused = client.head("/search")  # a search is a POST, never a HEAD
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+    with BackgroundServer(create_app(searcher, LIMITS)) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"HEAD / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+    status, _, rest = reply.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status == b"HTTP/1.1 200 OK" and b"content-type: text/html" in headers.lower() and body == b""
+
+
 def test_search_returns_the_gallery_image_first(client, gallery_index):
     _, files = gallery_index
     for item_id, file in enumerate(sorted(files)):

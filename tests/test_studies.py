@@ -343,6 +343,42 @@ def test_dry_run_lists_and_builds_every_run_and_writes_nothing(tmp_path, capsys)
     assert captured.out == "" and "no variant named 'aeb' (did you mean 'abe'?)" in captured.err
 
 
+def test_the_dry_run_prints_each_run_as_soon_as_it_is_checked(tmp_path, capsys, monkeypatch, caplog):
+    """Issue 53 item 8: ``study demo --dry-run`` printed nothing for 35 s, then its 66 lines at once. A line on
+    stderr comes before the study is read (which imports torch and the models: most of the wait), the first line of
+    the list before anything is built, each run's lines as soon as that run is checked, the counts last."""
+    import logging
+
+    import deepmetric.studies as studies
+    import deepmetric.studies.dry_run as dry_run
+    from deepmetric.cli import main
+
+    caplog.set_level(logging.INFO, logger="deepmetric.cli.commands")
+    study = write_study(tmp_path, seeds=[0, 1])
+    logged_before_reading, read = [], studies.load_study
+    monkeypatch.setattr(studies, "load_study", lambda *args: logged_before_reading.extend(caplog.messages)
+                        or read(*args))
+    printed_before_build, build = [], dry_run._build
+
+    def watched(config):
+        printed_before_build.append(capsys.readouterr().out)
+        return build(config)
+
+    monkeypatch.setattr(dry_run, "_build", watched)
+    assert main(["study", str(study), "--dry-run"]) == 0
+    rest = capsys.readouterr().out
+    assert len(printed_before_build) == 4  # each run builds its own model (the seed differs)
+    first, *between = printed_before_build
+    assert first == f"study tiny: checking 4 runs into {tmp_path / 'out'}, each built as training builds it (no " \
+                    "image is read, nothing written)\n"
+    runs = ["abe / seed 0", "gap / seed 0", "abe / seed 1"]  # the study file lists abe first
+    for run, text in zip(runs, between, strict=True):  # the run checked before this build, and only it
+        assert text.startswith(f"  {run} [to train]: ") and text.count("\n") == 2 and "      ok: " in text
+    assert rest.startswith("  gap / seed 1 [to train]: ")
+    assert rest.endswith(f"\nstudy tiny: 4 runs into {tmp_path / 'out'} (4 to train)\n")
+    assert logged_before_reading == [f"study {study}: loading the models' code, then each run is checked in turn"]
+
+
 def test_results_csv_cells_cannot_run_as_spreadsheet_formulas():
     from deepmetric.studies.aggregate import _csv
 
@@ -601,8 +637,9 @@ def test_dry_run_says_where_each_run_stands(tmp_path, capsys):
                       ("seed 4", "training now", f"step 1 of 2 (process {os.getpid()})"),
                       ("seed 5", "to train", "")]
     out = capsys.readouterr().out
-    assert out.startswith(f"study tiny: 6 runs into {tmp_path / 'out'} (1 finished, 1 recorded, 1 training now, "
-                          "1 stopped, 1 trained, 1 to train)\n")
+    assert out.startswith(f"study tiny: checking 6 runs into {tmp_path / 'out'}, each built as training builds it")
+    assert out.endswith(f"study tiny: 6 runs into {tmp_path / 'out'} (1 finished, 1 recorded, 1 training now, "
+                        "1 stopped, 1 trained, 1 to train)\n")
     assert "  gap / seed 2 [stopped: step 1 of 2 (resumes there)]: train.steps=2" in out
     assert "  gap / seed 5 [to train]: " in out
 

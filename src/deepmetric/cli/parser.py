@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="list every run with its state (finished, recorded, training now, stopped at step N, "
                    "trained, to train) and build its config, model, objective and optimiser groups without "
-                   "reading images or writing anything; exit 2 naming the runs that would fail")
+                   "reading images or writing anything, printing each run as it is checked; exit 2 naming the "
+                   "runs that would fail")
     p.add_argument("--only", metavar="VARIANT[,VARIANT...]",
                    help="train only these variants now (every seed or split of each; with --dry-run, list only "
                    "them); the results still hold every finished run of the study")

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /`` (a self-contained search page), ``GET /health``, ``POST /search`` (multipart field
 ``image``, optional ``k`` as a query parameter or form field) and ``GET /images/{id}`` (a JPEG thumbnail of
-gallery item ``id``; ids only, so no path from a client ever reaches the file system).
+gallery item ``id``; ids only, so no path from a client ever reaches the file system). Each ``GET`` also answers
+``HEAD``: its status and headers, without the body.
 
 Defaults that matter for safety: loopback only (127.0.0.1); request bodies over ``max_body_bytes`` are
 refused with 413 (from Content-Length before reading, or while streaming); the format is sniffed from the
@@ -53,6 +54,9 @@ from .uploads import decode_upload, gallery_thumbnail
 log = logging.getLogger("deepmetric.serve")
 
 ITEM_ID = re.compile(r"[0-9]{1,12}")
+READ_METHODS = ["GET", "HEAD"]
+"""What the pages and the files are answered to: ``HEAD`` as ``GET`` (the same status and headers, no body: the
+server leaves it out), which link checkers and uptime monitors send (``HEAD /`` was a 405)."""
 SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
                     (b"x-frame-options", b"DENY")]
 PAGE_POLICY = ("default-src 'none'; img-src 'self' blob:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -295,7 +299,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message = exc.detail if exc.status_code != 404 else f"not found: {request.method} {request.url.path[:200]}"
-        return error(exc.status_code, str(message))
+        return JSONResponse({"error": str(message)}, status_code=exc.status_code, headers=exc.headers)  # 405: Allow
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -327,11 +331,11 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
         log.exception("internal error")
         return error(500, "internal error")
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=READ_METHODS, response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(page_html(), headers={"content-security-policy": PAGE_POLICY, "cache-control": "no-cache"})
 
-    @app.get("/health")
+    @app.api_route("/health", methods=READ_METHODS)
     async def health() -> dict[str, Any]:
         spec = manifest.model["spec"]
         return {"status": "ok", "images": manifest.count, "embedding_dim": manifest.embedding_dim,
@@ -384,7 +388,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
             thumbnails.put(item_id, cached)
         return cached
 
-    @app.get("/images/{item}")
+    @app.api_route("/images/{item}", methods=READ_METHODS)
     async def image(item: str) -> Response:
         if not ITEM_ID.fullmatch(item) or int(item) >= manifest.count:
             raise UploadError(f"no image with id '{item[:40]}' (ids are 0 to {manifest.count - 1})", 404)

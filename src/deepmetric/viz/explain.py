@@ -28,22 +28,42 @@ from ..data.transforms import TestTransform
 from ..errors import DataError, DeepMetricError
 from ..io import atomic_write_bytes
 from ..models import Embedder
+from ..models.heads import HEADS, head_class
 from ..progress import progress_bar
+from ..training.checkpoint import checkpoint_state
 from ..training.run_dir import RunDir, load_run_model
 from ..training.setup import resolve_device
 from ..workflows import files_table, first_of_each, folder_holding, image_sources, list_images_of
 from .overlays import image_overlays, top_images_grid
 
 
+def no_maps(head: str) -> DeepMetricError:
+    """The error for a head without attention maps, naming the heads that have them."""
+    with_maps = ", ".join(name for name in sorted(HEADS) if head_class(name).has_attention_maps)
+    return DeepMetricError(f"head '{head}' returns no attention maps, so there is nothing to explain; explain works "
+                           f"with heads that attend over positions ({with_maps})")
+
+
+def check_head_has_maps(run_dir: str | Path, which: str) -> None:
+    """Refuse a run whose head declares no attention maps (``Head.has_attention_maps``), from its checkpoint's header
+    alone: building and loading a GAP run's model took 12 s before the same refusal. A spec that does not name a
+    head deepmetric has is left to the loader, which names what is wrong with it."""
+    spec = checkpoint_state(RunDir(run_dir).checkpoint(which)).get("model_spec")
+    head = spec.get("head") if isinstance(spec, dict) else None
+    if isinstance(head, str) and head in HEADS and not head_class(head).has_attention_maps:
+        raise no_maps(head)
+
+
 def _load(run_dir: str | Path, which: str) -> tuple[Embedder, RunConfig, torch.device]:
-    """The run's model in eval mode; stops here, before any data is read, if its head has no attention."""
+    """The run's model in eval mode; stops here, before any data is read, if its head has no attention (from the
+    checkpoint's header, before the model is built)."""
+    check_head_has_maps(run_dir, which)
     device = resolve_device(RunDir(run_dir).config().train.device)
     model, config, _ = load_run_model(run_dir, which, device)
     size = config.data.image_size
-    with torch.no_grad():
+    with torch.no_grad():  # the declaration kept by its output (tests/test_head_contract.py checks each head)
         if model.eval()(torch.zeros(1, 3, size, size, device=device)).attention is None:
-            raise DeepMetricError(f"head '{model.spec['head']}' returns no attention maps, so there is nothing to "
-                                  "explain; explain works with heads that attend over positions (e.g. dgml)")
+            raise no_maps(model.spec["head"])
     return model, config, device
 
 

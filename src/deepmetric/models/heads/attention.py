@@ -168,6 +168,7 @@ class MultiBranchHead(Head):
     """
 
     pretrained_modules = ("phi", "psi")
+    has_attention_maps = True
 
     def __init__(self, psi: nn.Module, phi: nn.Module, selector: nn.Module, num_branches: int, psi_channels: int,
                  embedding_dim: int, strategy: str, shared_embedding: bool, tail_chunk: int | str | None = "auto",

@@ -85,9 +85,11 @@ class Head(nn.Module):
       sets ``pooled_dim``, puts that vector in ``extras["pooled"]`` and implements ``encode(pooled) ->
       embedding``: example generators (MIRAGE) decode embeddings back to that space and re-embed what they
       generate. ``normalized`` says whether the embedding is l2-normalised;
-    - attention maps: a head that returns them (B, ``num_maps``, h, w) names one map ``part_name`` (DIABLO's
-      dictionary "entry", ABE's "learner", DGML's "group", DeML's "scale"), which the report and ``deepmetric
-      explain`` use as labels; ``num_maps`` is ``num_parts`` unless the maps are not the learners (DeML);
+    - attention maps: a head that returns them (B, ``num_maps``, h, w) says so in ``has_attention_maps`` (read
+      from a run's saved spec without building its model: ``deepmetric explain`` refuses a head without maps at
+      once) and names one map ``part_name`` (DIABLO's dictionary "entry", ABE's "learner", DGML's "group",
+      DeML's "scale"), which the report and ``deepmetric explain`` use as labels; ``num_maps`` is ``num_parts``
+      unless the maps are not the learners (DeML);
     - sub-embeddings: a head whose paper scores sub-embeddings on their own (DeML's root-learners, Table 2's O
       columns; ABE's individual learners, Tables 1-2) returns them from ``auxiliary_embeddings(output)``;
       ``deepmetric evaluate --all-embeddings`` scores each. A head whose paper reports its learners one by one
@@ -113,6 +115,7 @@ class Head(nn.Module):
     pooled_dim: int | None = None
     normalized: bool = True
     init_images: int = 0
+    has_attention_maps: bool = False
     part_name: str = "map"
     individual_learners: str | None = None
 

@@ -72,6 +72,7 @@ def _split_stages(tail: nn.Module, cut: str) -> tuple[nn.Sequential, nn.Sequenti
 class DeMLHead(Head):
     pretrained_modules = ("fnets", "gnets")
     metric_on = "parts"
+    has_attention_maps = True
     part_name = "scale"  # the attention maps are the I scales' OAM maps, not the I x J learners
     parts_reduction = "mean"  # eq. 5: 1/(IJ) sum over learners
     default_regularizers = {"deml-adversary": {"weight": 1.0}, "activation-decay": {"weight": 0.014},

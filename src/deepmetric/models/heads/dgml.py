@@ -40,6 +40,8 @@ from .grouping import GroupingHead
 
 
 class AGroupingHead(GroupingHead):
+    has_attention_maps = True
+
     def __init__(self, in_channels: int, embedding_dim: int = 512, groups: int = 4, key_dim: int | None = None,
                  projection: bool = False):
         super().__init__(in_channels, embedding_dim, groups)

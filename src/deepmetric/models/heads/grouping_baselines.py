@@ -57,6 +57,8 @@ class MGroupingHead(GroupingHead):
 class GGroupingHead(GroupingHead):
     """Gated: per-group spatial-and-channel masks from a shared bottleneck (no sigmoid, as in the code)."""
 
+    has_attention_maps = True
+
     def __init__(self, in_channels: int, embedding_dim: int = 512, groups: int = 4, reduction: int = 8):
         super().__init__(in_channels, embedding_dim, groups)
         hidden = max(1, in_channels // reduction)
@@ -75,6 +77,8 @@ class GGroupingHead(GroupingHead):
 
 class CGroupingHead(GroupingHead):
     """Channel attention: one squeeze-and-excitation block per group on the shared feature map."""
+
+    has_attention_maps = True
 
     def __init__(self, in_channels: int, embedding_dim: int = 512, groups: int = 4, se_reduction: int = 5):
         super().__init__(in_channels, embedding_dim, groups)
