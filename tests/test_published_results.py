@@ -26,8 +26,9 @@ PAGES = {"emoji.yaml": "emoji-64px.md", "emoji-160px.yaml": "emoji-160px.md",
          "emoji-160px-extras.yaml": "emoji-160px-extras.md"}
 """Each comparison's study file and the page of docs/studies/ that publishes its table."""
 COMPARISONS = tuple(PAGES)
-SUMMARISED = ("emoji-160px.yaml", "emoji-160px-extras.yaml")
-"""The comparisons whose figures docs/results.md gives, a row per variant."""
+SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
+              "emoji-160px-extras.yaml": "Emoji at 160 px: the other methods"}
+"""The comparisons whose figures docs/results.md gives, a row per variant, and the section (## heading) with them."""
 RECORDS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml", "emoji-ablations-160px.yaml",
            "emoji-pml-tuning-160px.yaml")
 """The study files whose records are committed under docs/studies/."""
@@ -58,17 +59,29 @@ def test_a_published_comparison_is_its_records_table_or_says_how_much_is_recorde
                                           f"{said or 'nothing'}")
 
 
-@pytest.mark.parametrize("study", SUMMARISED)
+@pytest.mark.parametrize("study", list(SUMMARISED))
 def test_the_results_page_gives_each_variants_figures_as_its_record_has_them(study):
-    """Each variant's row of docs/results.md (the row naming it as `variant`) holds its R@1 and MAP@R as mean ± std
-    and as the 95% t-interval, to the digit of the record's ``results-statistics.csv``."""
+    """Each variant's row in the study's section of docs/results.md (the row naming it as `variant`) holds its R@1
+    and MAP@R as mean ± std and as the 95% t-interval, and its difference from GAP with the study's mark (▲ / ▼ or
+    none), to the digit of the record's ``results-statistics.csv``. A variant without a row there can only be one of
+    the study's references (`compare:`), shown with another study's figures."""
     spec = load_study(ROOT / "configs" / "studies" / study)
     with open(ROOT / spec.record / "results-statistics.csv", newline="") as handle:
-        stats = [row for row in csv.DictReader(handle) if row["kind"] == "variant"]
-    rows = {match[1]: match[0] for match in re.finditer(r"^\|[^\n]*?\(`([\w.-]+)`[^\n]*$", RESULTS.read_text(),
-                                                         flags=re.M)}
+        table = list(csv.DictReader(handle))
+    stats = [row for row in table if row["kind"] == "variant"]
+    against_gap = [row for row in table if row["kind"] != "variant" and row["reference"] == "gap"
+                   and row["metric"] in ("recall@1", "map@r")]
+    assert against_gap, f"{study}'s record compares nothing with gap"
+    heading = f"## {SUMMARISED[study]}\n"
+    text = RESULTS.read_text()
+    assert heading in text, f"docs/results.md has no section '{heading.strip()}'"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = {match[1]: match[0] for match in re.finditer(r"^\|[^\n]*?\(`([\w.-]+)`[^\n]*$", section, flags=re.M)}
     variants = {row["variant"] for row in stats}
-    assert variants <= set(rows), f"docs/results.md has no row for {sorted(variants - set(rows))}"
+    assert variants - set(spec.compare) <= set(rows), f"docs/results.md has no row for {sorted(variants - set(rows))}"
+    assert set(rows) <= variants, f"docs/results.md has rows for variants {study} lacks: {sorted(set(rows) - variants)}"
+    stats = [row for row in stats if row["variant"] in rows]
+    against_gap = [row for row in against_gap if row["variant"] in rows]
 
     def shown(value: str) -> str:
         return f"{100 * float(value):.2f}".replace("-", "−")
@@ -81,6 +94,12 @@ def test_the_results_page_gives_each_variants_figures_as_its_record_has_them(stu
                     f"[{shown(row['interval_low'])}, {shown(row['interval_high'])}]")
         for figure in expected:
             assert figure in line, f"docs/results.md's {row['variant']} row lacks {row['metric']} {figure}:\n{line}"
+    for row in against_gap:
+        line = rows[row["variant"]]
+        figure = f"{100 * float(row['difference']):+.2f}".replace("-", "−") + (f" {row['mark']}" if row["mark"] else "")
+        following = line.split(figure, 1)[1][:2] if figure in line else ""
+        assert figure in line and following.strip() in ("", "/", "|"), (
+            f"docs/results.md's {row['variant']} row lacks {row['metric']} − gap {figure!r}:\n{line}")
 
 
 @pytest.mark.parametrize("study", RECORDS)
