@@ -88,10 +88,12 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_strictly_with_every_page(site):
-    """Every Markdown page of docs/ (the study records aside) is in the navigation, and built; the method pages
-    and the API reference have their content; the search index holds every page."""
+    """Every Markdown page of docs/ (the study records' own files, docs/studies/<record>/, aside; the study pages
+    docs/studies/*.md included) is in the navigation, and built; the method pages and the API reference have their
+    content; the search index holds every page."""
     nav = _nav_pages(_config()["nav"])
-    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if "studies" not in p.relative_to(DOCS).parts)
+    parts = [p.relative_to(DOCS).parts for p in DOCS.rglob("*.md")]
+    pages = sorted("/".join(part) for part in parts if part[0] != "studies" or len(part) == 2)
     assert sorted(nav) == pages
     for page in pages:
         assert (site / page).with_suffix(".html").exists(), page

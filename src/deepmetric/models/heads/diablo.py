@@ -12,7 +12,7 @@ separate copies of inception 5a-5b); ``num_entries`` N in {2, 4, 8, 16}; ``alpha
 Decisions where the papers are silent: alpha is not given ("a hyper-parameter to control the hardness of the
 assignment", §3.3). The default 10 is a placeholder no benchmark has validated: at initialisation, cosines of
 the m-dimensional phi features with random directions are small (std ~ 1/sqrt(m)), so the maps start close
-to uniform; on the demo data alpha = 30 did better (docs/results.md's ablation).
+to uniform; on the demo data alpha = 30 did better (docs/studies/glyphs-demos.md's ablation).
 Scale compensation (``scale_compensation``; an adaptation, not in the paper): the maps are a softmax over the N
 entries, so the pre-attention merge H_n = A_n ⊙ F carries on average F / N into the shared tail psi. The paper's
 GoogLeNet (Caffe) has no BatchNorm, and psi's convolutions and ReLUs are then positively homogeneous: the scale
