@@ -112,8 +112,8 @@ def auto_recipe(table: RetrievalTable) -> list[Choice]:
     else:
         choices.append(Choice("data.val_fraction", 0.0,
                               f"{n_classes} training classes are too few to hold {MIN_VAL_CLASSES} out and train on "
-                              f"{MIN_TRAIN_CLASSES}: no validation, a fixed budget, the last step kept (so few classes may "
-                              "teach less than the backbone knows: the test table shows both)"))
+                              f"{MIN_TRAIN_CLASSES}: no validation, a fixed budget, the last step kept (so few "
+                              "classes may teach less than the backbone knows: the test table shows both)"))
     median_count = int(np.median(counts))
     k = min(MAX_K, max(2, median_count))
     usable = int((counts >= 2).sum()) - n_val  # at least: the validation classes are drawn at random
