@@ -75,11 +75,12 @@ demo-glyphs: install system-packages
 	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)-glyphs
 
 test: install-dev system-packages
+	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: install-dev
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
 
 # mkdocs only: the site needs neither torch nor deepmetric (mkdocstrings reads the sources' docstrings as text)
 $(DOCS_VENV)/.installed: requirements-docs.txt
