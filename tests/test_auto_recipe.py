@@ -149,3 +149,13 @@ def test_select_by_map_at_r_ranks_checkpoints_by_map_at_r_first():
     assert beats_backbone({"key": selection_key(smooth, "map@r")}, coarse, "map@r") is True
     with pytest.raises(ConfigError, match="train.select_by must be one of recall@1, map@r, got 'r@1'"):
         build_config({"train": {"select_by": "r@1"}})
+
+
+def test_a_run_of_no_steps_is_the_model_as_built_and_says_so(tmp_path, capsys):
+    code = main(["train", "--data", "digits", "--backbone", "tiny", "--out", str(tmp_path / "run"), "--quiet",
+                 "train.steps=0", "model.embedding_dim=0", "model.pretrained=false", "data.image_size=16",
+                 "data.classes_per_batch=3", "eval.nmi=false", "eval.baseline=true"])
+    out = capsys.readouterr().out
+    assert code == 0 and f"train.steps=0: nothing trained; {tmp_path / 'run'} holds the model as built" in out
+    rows = [line.split()[-6:] for line in out.splitlines() if line.startswith(("untrained backbone", "trained (last"))]
+    assert len(rows) == 2 and rows[0] == rows[1]  # with model.embedding_dim=0 it is the untrained backbone

@@ -182,7 +182,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         result = train(config, out, resume=args.resume, progress=not args.quiet)
         done = result.steps - result.start_step
-        if done <= 0:
+        if result.steps == 0:  # the model as built: with model.embedding_dim=0, the backbone's pooled features
+            say(f"train.steps=0: nothing trained; {result.run_dir} holds the model as built")
+        elif done <= 0:
             say(f"nothing to train: {result.run_dir} had reached step {result.start_step} of {result.steps}")
         else:
             resumed = f" (steps {result.start_step + 1}-{result.steps}, resumed)" if result.start_step else ""
