@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..config import build_config, load_yaml, merge_layers, parse_override
+from ..config.validate import SELECT_BY
 from ..errors import ConfigError, DeepMetricError, MissingDataPath
 from ..io import to_json
 
@@ -113,9 +114,8 @@ def _auto_recipe(config: Any, layers: list[dict[str, Any]]) -> Any:
 
     if not applies_to(config.data.spec):
         return config
-    from ..data import check_data_path, load_dataset
+    from ..data import load_dataset
 
-    check_data_path(config.data.spec)
     d = config.data
     choices = auto_recipe(load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, check_files=False))
     chosen = build_config(as_layer(choices), *layers)
@@ -124,9 +124,9 @@ def _auto_recipe(config: Any, layers: list[dict[str, Any]]) -> Any:
     flat = chosen.to_dict()
     for choice in choices:
         section, key = choice.key.split(".", 1)
-        kept = flat[section][key] == choice.value or (isinstance(choice.value, list)
-                                                       and list(flat[section][key]) == choice.value)
-        log.info("  %s%s", choice.line(), "" if kept else f" (your {choice.key}={flat[section][key]} wins)")
+        value = flat[section][key]
+        kept = (list(value) if isinstance(value, tuple) else value) == choice.value
+        log.info("  %s%s", choice.line(), "" if kept else f" (your {choice.key}={value} wins)")
     return chosen
 
 
@@ -154,8 +154,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         base = load_yaml(args.config) if args.config else {}
         config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
-        if not args.config:
-            config = _auto_recipe(config, layers)
     from ..data import check_data_path
 
     try:
@@ -164,6 +162,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         name = config.data.spec.split(":", 1)[0]
         raise MissingDataPath(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data set's "
                         "layout and download)") from None
+    if not args.resume and not args.config:
+        config = _auto_recipe(config, layers)
     from ..training import train
     from ..workflows import add_regularizers, evaluate_run_embeddings, results_table
 
@@ -190,9 +190,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             resumed = f" (steps {result.start_step + 1}-{result.steps}, resumed)" if result.start_step else ""
             say(f"trained {done} steps{resumed} in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
         if result.best_step is not None:
-            from ..training.trainer import SELECTED_BY
-
-            say(f"best validation {SELECTED_BY[config.train.select_by]} {100 * result.best_score:.2f}% at step "
+            say(f"best validation {SELECT_BY[config.train.select_by]} {100 * result.best_score:.2f}% at step "
                 f"{result.best_step}")
         if result.beats_backbone is False:
             say(_not_better_than_backbone(result))
@@ -286,8 +284,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)
     if args.k > searcher.count:  # a note on stderr (not with --json or --quiet): the results are all there are
-        log.info("the index holds %d items: printing all of them (--k %d)", searcher.count,
-                                         args.k)
+        log.info("the index holds %d items: printing all of them (--k %d)", searcher.count, args.k)
     for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
                                                strict=True)):
         if args.json:  # one object a line (JSON Lines): one line for one query
@@ -318,8 +315,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     if args.dry_run:  # reading the study checks each run's config against the models' code: torch loads first
-        logging.getLogger(__name__).info("study %s: loading the models' code, then each run is checked in turn",
-                                         args.file)
+        log.info("study %s: loading the models' code, then each run is checked in turn", args.file)
     from ..studies import load_study, run_study
 
     spec = load_study(args.file, [parse_override(text) for text in args.overrides])

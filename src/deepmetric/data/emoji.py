@@ -168,7 +168,6 @@ def _package_version(path: Path) -> str:
     return version
 
 
-
 def find_source(source: Path, package: Package) -> Path:
     """``package``'s tarball or unpacked folder in ``source``, its version checked."""
     tarball = source / package.tarball

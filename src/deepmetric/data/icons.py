@@ -137,7 +137,6 @@ def fetch_debs(packages: Mapping[str, Package], folder: Path, fetch: Fetcher) ->
     return found
 
 
-
 def find_deb(folder: Path, package: Package) -> Path:
     """``package``'s ``.deb`` in ``folder`` (as ``apt-get download`` names it, or with the epoch's colon), checked."""
     for name in (package.deb, package.deb.replace("%3a", ":")):

@@ -69,7 +69,6 @@ def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
     return {"source": source, "path": file.relative_to(root).as_posix()}
 
 
-
 def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:
     """What an index remembers of its model: where it is (absolute here; ``index.json`` keeps it relative to the
     index folder, ``store.stored_path``), what it is, and the checkpoint's digest."""

@@ -239,7 +239,6 @@ def record_files(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-
 def manifest_text(root: Path) -> str:
     """``MANIFEST.sha256``'s text for the record ``root`` as it is now (``sha256sum``'s format)."""
     return "".join(f"{file_sha256(path)}  {path.relative_to(root).as_posix()}\n" for path in record_files(root))

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig, save_config
+from ..config.validate import SELECT_BY
 from ..data import PKSampler, TestTransform, TrainTransform, check_data_path
 from ..data.batched_transforms import BatchedTrainTransform
 from ..data.cache import CachedBatches, ImageCache
@@ -155,10 +156,6 @@ class Session:
     """The training split decoded once (``data.cache``)."""
 
 
-SELECTED_BY = {"recall@1": "Recall@1", "map@r": "MAP@R"}
-"""How ``train.select_by``'s figure is named in what a run says."""
-
-
 def selection_key(metrics: dict[str, float], by: str = "recall@1") -> list[float]:
     """How validation ranks checkpoints (``train.select_by``): Recall@1, ties (it saturates on small validation
     sets) broken by MAP@R, then R-precision; or MAP@R first, then Recall@1 and R-precision."""
@@ -220,7 +217,7 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
     if bar is not None:
         best = session.best
         line = (f"step {step}: validation Recall@1 {metrics['recall@1']:.4f}, MAP@R {metrics['map@r']:.4f} "
-                f"(best {SELECTED_BY[config.train.select_by]} {best['score']:.4f} at step {best['step']})")
+                f"(best {SELECT_BY[config.train.select_by]} {best['score']:.4f} at step {best['step']})")
         stream = getattr(bar, "fp", None)  # a bar tqdm disabled (TQDM_DISABLE) has none
         if stream is None:
             log.info("%s", line)
