@@ -111,7 +111,7 @@ def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) 
     from deepmetric.data.sampler import PKSampler
     from deepmetric.data.torch_dataset import ImageDataset
     from deepmetric.data.transforms import TrainTransform
-    from deepmetric.training.setup import load_table
+    from deepmetric.runs.table import load_table
 
     config = run_config(args, 0)
     d = config.data

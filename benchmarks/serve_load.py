@@ -43,8 +43,8 @@ def make_run(folder: Path, size: int) -> Path:
     from deepmetric.config import build_config, save_config
     from deepmetric.io import prefixed
     from deepmetric.models import create_model
-    from deepmetric.training.checkpoint import save_checkpoint
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.checkpoint import save_checkpoint
+    from deepmetric.runs.folder import RunDir
 
     run = RunDir(folder / "run")
     run.path.mkdir(parents=True)
@@ -63,7 +63,7 @@ def make_index(folder: Path, run_dir: Path, n: int, dim: int, size: int) -> Path
     from deepmetric.retrieval import faiss_index
     from deepmetric.retrieval.build import model_record
     from deepmetric.retrieval.store import IndexManifest, create_index
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.folder import RunDir
 
     x = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)

@@ -57,7 +57,7 @@ def record_audited_splits(monkeypatch) -> list[set[str]]:
 
 def checkpoint(path):
     """(tensors, state) of a checkpoint file: ``model.*``, ``optim.*``, ``objective.*``, ``generator.*``, ``rng.*``."""
-    from deepmetric.training.checkpoint import load_checkpoint
+    from deepmetric.runs.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 

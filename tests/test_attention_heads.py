@@ -330,8 +330,8 @@ def test_attention_heads_refuse_backbones_without_a_layout():
 @pytest.mark.parametrize("head_options", [("diablo", {"num_entries": 2}), ("abe", {"num_learners": 2}),
                                           ("mheads", {"num_heads": 2})])
 def test_heads_train_evaluate_and_reload_through_the_run_directory(tmp_path, head_options, monkeypatch):
+    from deepmetric.runs.checkpoint import load_checkpoint, save_checkpoint
     from deepmetric.training import train
-    from deepmetric.training.checkpoint import load_checkpoint, save_checkpoint
     from deepmetric.workflows import evaluate_all_embeddings, evaluate_run
     from helpers import record_audited_splits, tiny_config
 

@@ -412,7 +412,7 @@ def test_a_run_name_never_leaves_runs_and_a_failed_start_removes_only_what_it_ma
     from types import SimpleNamespace
 
     from deepmetric.cli.commands import default_run_name
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.folder import RunDir
 
     work = tmp_path / "a" / "b" / "c"
     work.mkdir(parents=True)

@@ -12,7 +12,7 @@ import yaml
 from deepmetric.config import build_config, load_yaml, parse_override
 from deepmetric.errors import CheckpointError, ConfigError
 from deepmetric.io import atomic_write_bytes
-from deepmetric.training.checkpoint import load_checkpoint, save_checkpoint
+from deepmetric.runs.checkpoint import load_checkpoint, save_checkpoint
 
 
 def test_overrides_are_typed_and_nested():

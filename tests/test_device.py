@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepmetric.devices import resolve_device
 from deepmetric.errors import DeepMetricError
-from deepmetric.training.setup import resolve_device
 
 
 @pytest.fixture

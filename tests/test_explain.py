@@ -11,8 +11,8 @@ from PIL import Image
 from deepmetric.cli import main
 from deepmetric.errors import DeepMetricError
 from deepmetric.models.heads import HEADS
+from deepmetric.runs.model import load_run_model
 from deepmetric.training import train
-from deepmetric.training.run_dir import load_run_model
 from deepmetric.viz import explain_images, upsample
 from helpers import tiny_config
 

@@ -15,8 +15,8 @@ import torch
 import deepmetric
 from deepmetric.cli import main
 from deepmetric.errors import IndexStoreError
+from deepmetric.runs.folder import RunDir
 from deepmetric.training import train
-from deepmetric.training.run_dir import RunDir
 from helpers import tiny_config
 from serve_helpers import make_gallery
 

@@ -257,9 +257,10 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monke
     from deepmetric.evaluation import EmbedSettings, embed_table
     from deepmetric.evaluation.auxiliary import embed_with_objective
     from deepmetric.io import unprefixed
-    from deepmetric.training.checkpoint import load_checkpoint
-    from deepmetric.training.run_dir import RunDir, load_run_model
-    from deepmetric.training.setup import load_table
+    from deepmetric.runs.checkpoint import load_checkpoint
+    from deepmetric.runs.folder import RunDir
+    from deepmetric.runs.model import load_run_model
+    from deepmetric.runs.table import load_table
     from test_cli import TINY
 
     out = tmp_path / "run"

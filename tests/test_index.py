@@ -341,7 +341,7 @@ def test_hand_edited_indexes_and_checkpoints_are_one_error(tiny_run, tmp_path, c
     with pytest.raises(IndexStoreError, match=r"NaN or infinite embeddings \(1 rows\)"):
         store.read_embeddings(index, read_manifest(index))
 
-    from deepmetric.training.checkpoint import FORMAT
+    from deepmetric.runs.checkpoint import FORMAT
 
     last = tiny_run / "checkpoints" / "last.safetensors"
     tensors = load_file(last)

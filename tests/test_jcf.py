@@ -141,7 +141,7 @@ def test_jcf_option_errors():
 
 def test_jcf_head_trains_and_evaluates_through_the_cli(tmp_path, capsys):
     from deepmetric.cli import main
-    from deepmetric.training.run_dir import load_run_model
+    from deepmetric.runs.model import load_run_model
     from helpers import assert_trained_metrics_are_evaluates
     from test_cli import TINY
 

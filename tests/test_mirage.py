@@ -15,8 +15,8 @@ from deepmetric.generators import MirageGenerator, build_generator
 from deepmetric.generators.mirage import reconstruction_loss
 from deepmetric.io import unprefixed
 from deepmetric.losses import build_objective
+from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.training import train
-from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.setup import build_model
 from helpers import tiny_config
 

@@ -17,8 +17,8 @@ from deepmetric.io import unprefixed
 from deepmetric.losses import PMLLoss, build_loss, build_objective
 from deepmetric.models import create_model
 from deepmetric.models.heads import HeadOutput
+from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.training import train
-from deepmetric.training.checkpoint import load_checkpoint
 from deepmetric.training.optim import build_optimizer
 from helpers import tiny_config
 

@@ -18,7 +18,7 @@ import deepmetric
 from deepmetric.cli import main
 from deepmetric.errors import CheckpointError, DataError, IndexStoreError
 from deepmetric.retrieval.store import read_manifest
-from deepmetric.training.run_dir import RunDir
+from deepmetric.runs.folder import RunDir
 from serve_helpers import make_gallery
 
 
@@ -153,6 +153,18 @@ def test_the_package_exports_the_run_api_and_imports_it_on_first_use():
 
     assert (Index, TrainedRun, load_run) == (api.Index, api.TrainedRun, api.load_run)
     assert {"Index", "TrainedRun", "load_run"} <= set(deepmetric.__all__)
+
+
+@pytest.mark.parametrize("module", ["deepmetric.retrieval.search", "deepmetric.retrieval.service", "deepmetric.api",
+                                    "deepmetric.export", "deepmetric.viz.explain", "deepmetric.report.html"])
+def test_search_serve_and_the_run_api_never_load_the_trainer(module):
+    """Inference reads runs through ``deepmetric.runs``: importing it loads neither the trainer nor the losses nor the
+    example generators (import-linter checks the imports as written; this checks what a fresh process loads)."""
+    code = (f"import sys, {module}\n"
+            "print(*sorted({n.split('.')[1] for n in sys.modules if n.startswith('deepmetric.')}))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "runs" in loaded
+    assert not {"training", "losses", "generators", "studies", "cli"} & set(loaded), loaded
 
 
 def test_index_round_trip_build_save_open_search_add(tiny_run, loaded, tmp_path):

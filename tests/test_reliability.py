@@ -19,9 +19,9 @@ from PIL import Image
 from deepmetric.data.audit import audit_table, check_table, image_problem
 from deepmetric.errors import CheckpointError, DataError
 from deepmetric.io import unprefixed
+from deepmetric.runs.checkpoint import load_checkpoint
+from deepmetric.runs.folder import RunDir
 from deepmetric.training import train
-from deepmetric.training.checkpoint import load_checkpoint
-from deepmetric.training.run_dir import RunDir
 from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_a_test_image_left_out_of_a_benchmark_stops_unless_told_and_is_recorded(
     record's published_test_sizes says false). A bad *training* image leaves the test protocol whole."""
     from deepmetric.data import benchmarks
     from deepmetric.data.table import test_sizes_match
-    from deepmetric.training.setup import load_table
+    from deepmetric.runs.table import load_table
     from test_loaders import make_cub
 
     base = make_cub(tmp_path, per_class=3)  # 9 training and 9 test images

@@ -101,7 +101,7 @@ def test_a_collapsed_model_gets_a_report_without_a_map_and_never_reaches_t_sne(t
     import sklearn.manifold
 
     from deepmetric.report import build_report
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.folder import RunDir
 
     def no_tsne(*args, **kwargs):
         raise AssertionError("t-SNE must not run on coincident points")
@@ -109,7 +109,7 @@ def test_a_collapsed_model_gets_a_report_without_a_map_and_never_reaches_t_sne(t
     monkeypatch.setattr(sklearn.manifold, "TSNE", no_tsne)
     out = tmp_path / "run"
     assert main(["train", *TINY, "--out", str(out), "--quiet", "eval.report=false"]) == 0
-    from deepmetric.training.setup import load_table
+    from deepmetric.runs.table import load_table
 
     rows = load_table(RunDir(out).config(), only_split="test")[0]
     collapsed = np.tile(np.eye(1, 16, dtype=np.float32), (len(rows), 1))

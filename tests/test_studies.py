@@ -167,7 +167,7 @@ def test_a_study_holds_each_run_from_its_training_through_its_evaluation(tmp_pat
     import os
 
     import deepmetric.studies.runner as runner
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.folder import RunDir
 
     held_while_evaluated = []
     evaluate = runner.evaluate_run
@@ -419,8 +419,8 @@ def test_a_record_survives_the_loss_of_the_runs_folder_and_nothing_is_retrained(
 
 
 def test_only_finished_runs_are_recorded_and_a_restore_replaces_a_partial_attempt(tmp_path):
+    from deepmetric.runs.folder import RunDir
     from deepmetric.studies.record import record_run, restore_run
-    from deepmetric.training.run_dir import RunDir
 
     record = tmp_path / "record"
     unfinished = RunDir(tmp_path / "unfinished")
@@ -611,9 +611,9 @@ def test_dry_run_says_where_each_run_stands(tmp_path, capsys):
 
     from deepmetric.cli import main
     from deepmetric.config import build_config
+    from deepmetric.runs.folder import RunDir
     from deepmetric.studies.dry_run import dry_run
     from deepmetric.training import train
-    from deepmetric.training.run_dir import RunDir
 
     study = write_study(tmp_path, variants={"gap": {}}, seeds=[0], record=str(tmp_path / "record"))
     run_study(load_study(study), progress=False)  # seed 0: finished (and recorded)
@@ -687,8 +687,8 @@ def test_results_md_lists_each_seed_and_what_each_variant_cost_to_train(tmp_path
 def test_a_variant_trained_on_two_machines_gets_a_cost_row_for_each(tmp_path):
     """A median over a CPU's runs and a GPU's describes neither machine: each machine has its own row, with its
     own runs' count, rate and time, and the variant's rows stay together in the study's order."""
+    from deepmetric.runs.folder import RunDir
     from deepmetric.studies.cost import training_cost
-    from deepmetric.training.run_dir import RunDir
 
     spec = load_study(write_study(tmp_path, variants={"gap": {}, "other": {"train.lr": 2e-4}}, seeds=[0, 1, 2]))
     run_study(spec, progress=False)
@@ -706,8 +706,8 @@ def test_a_variant_trained_on_two_machines_gets_a_cost_row_for_each(tmp_path):
 def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
     """The cost section's arithmetic on a hand-written run: windows of 10 steps of 6 images at 6 and 3 images/s
     took 10 + 20 s; validation records and a damaged environment are no obstacle."""
+    from deepmetric.runs.folder import RunDir
     from deepmetric.studies.cost import duration, machine_of, run_cost
-    from deepmetric.training.run_dir import RunDir
 
     folder = RunDir(tmp_path / "run")
     folder.path.mkdir()

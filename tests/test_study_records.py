@@ -123,7 +123,7 @@ def test_two_processes_retraining_a_changed_run_train_it_once(study, tmp_path, m
     set aside the run the first had just trained with the new settings, and trained it a second time. The set-aside
     happens under the run's lock, after looking again: the second process finds it trained and leaves it."""
     import deepmetric.studies.runner as runner
-    from deepmetric.training.run_dir import RunDir
+    from deepmetric.runs.folder import RunDir
 
     run_study(load_study(study), progress=False)  # restored: gap/0 etc. finished with train.steps 2
     other = tmp_path / "other"
@@ -236,8 +236,8 @@ def test_a_linked_folder_in_the_record_is_refused_before_anything_is_written_thr
     assert main(["study", str(study), "--verify"]) == 1
     assert "is a symbolic link" in capsys.readouterr().err
 
+    from deepmetric.runs.folder import RunDir
     from deepmetric.studies.record import record_run
-    from deepmetric.training.run_dir import RunDir
 
     shutil.copytree(tmp_path / "record/abe/0", tmp_path / "run")
     with pytest.raises(DeepMetricError, match="is a symbolic link"):

@@ -9,8 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from deepmetric.config import build_config
 from deepmetric.errors import ConfigError
+from deepmetric.runs.folder import RunDir
 from deepmetric.training import train
-from deepmetric.training.run_dir import RunDir
 from helpers import tiny_config
 
 

@@ -12,9 +12,10 @@ import torch
 
 from deepmetric.io import unprefixed
 from deepmetric.losses import LOSSES
+from deepmetric.runs.checkpoint import load_checkpoint
+from deepmetric.runs.folder import RunDir
+from deepmetric.runs.model import load_run_model
 from deepmetric.training import TrainingError, train
-from deepmetric.training.checkpoint import load_checkpoint
-from deepmetric.training.run_dir import RunDir, load_run_model
 from helpers import make_table, tiny_config
 
 
@@ -116,7 +117,7 @@ def test_baseline_is_recorded_before_training(tmp_path):
     an embedding layer; another seed's untrained trunk scores otherwise, so the comparison can fail."""
     from deepmetric.evaluation.evaluator import EmbedSettings, evaluate
     from deepmetric.models import create_model
-    from deepmetric.training.setup import load_table
+    from deepmetric.runs.table import load_table
 
     config = tiny_config(eval={"baseline": True}, train={"steps": 1})
     train(config, tmp_path / "run", progress=False)
@@ -416,7 +417,7 @@ def test_the_model_and_its_weights_are_checked_before_any_image_is_read(tmp_path
 def test_a_full_disk_during_a_checkpoint_is_one_error_and_the_old_checkpoint_survives(tmp_path, monkeypatch):
     import errno
 
-    import deepmetric.training.checkpoint as checkpoint
+    import deepmetric.runs.checkpoint as checkpoint
     from deepmetric.errors import WriteError
 
     run = RunDir(tmp_path / "run")

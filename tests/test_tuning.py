@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from deepmetric.errors import ConfigError
+from deepmetric.runs.folder import RunDir
 from deepmetric.studies import load_study, run_study
 from deepmetric.studies.search_space import Dimension
 from deepmetric.studies.tuning import best_values, score_of, trials_of
-from deepmetric.training.run_dir import RunDir
 from helpers import tiny_config
 
 pytest.importorskip("optuna")

@@ -12,7 +12,7 @@ import pytest
 from deepmetric.cli import main
 from deepmetric.errors import DeepMetricError
 from deepmetric.io import MAX_NESTING, MalformedFile, load_json, load_yaml
-from deepmetric.training.run_dir import RunDir
+from deepmetric.runs.folder import RunDir
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -49,7 +49,7 @@ def test_run_files_nested_100000_deep_are_one_error_naming_them(tiny_run, tmp_pa
     from safetensors.torch import load_file, save_file
 
     from deepmetric.report.html import _read_record
-    from deepmetric.training.checkpoint import FORMAT
+    from deepmetric.runs.checkpoint import FORMAT
 
     broken = copy_run(tiny_run, tmp_path)
     (broken / "config.yaml").write_text(DEEP)
@@ -135,8 +135,8 @@ def test_a_checkpoint_spec_asks_for_nothing_the_config_would_refuse(tiny_run, tm
     from safetensors.torch import load_file, save_file
 
     from deepmetric.errors import CheckpointError
-    from deepmetric.training.checkpoint import FORMAT, checkpoint_state
-    from deepmetric.training.run_dir import model_from_tensors
+    from deepmetric.runs.checkpoint import FORMAT, checkpoint_state
+    from deepmetric.runs.model import model_from_tensors
 
     last = tiny_run / "checkpoints" / "last.safetensors"
     tensors, state = load_file(last), checkpoint_state(last)

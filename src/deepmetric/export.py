@@ -50,8 +50,9 @@ from .errors import DeepMetricError
 from .io import atomic_path, check_writable, refuse_folder, to_json
 from .models import Embedder
 from .provenance import software
-from .training.checkpoint import checkpoint_state
-from .training.run_dir import RunDir, load_run_model
+from .runs.checkpoint import checkpoint_state
+from .runs.folder import RunDir
+from .runs.model import load_run_model
 
 EXPORT_FORMATS = {"onnx": ".onnx", "torchscript": ".pt"}
 """``--format`` choices and the suffix each file gets."""

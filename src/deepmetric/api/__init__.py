@@ -19,9 +19,9 @@ The parts: ``run.py`` (``load_run``, ``TrainedRun``), ``index.py`` (``Index``), 
 and embeddings they take).
 """
 
+from ..data.image_inputs import ImageInput
 from ..retrieval.search import Hit
-from .image_inputs import ImageInput
+from ..runs.trained import TrainedRun, load_run
 from .index import Index
-from .run import TrainedRun, load_run
 
 __all__ = ["Hit", "ImageInput", "Index", "TrainedRun", "load_run"]

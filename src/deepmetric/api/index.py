@@ -13,15 +13,15 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..data.image_inputs import ImageInput, image_items, is_vectors, unit_rows
+from ..data.listing import folder_holding
 from ..errors import DataError, IndexStoreError
 from ..io import check_writable
 from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
-from ..retrieval.search import Hit, IndexSearcher, check_k, index_checkpoint
+from ..retrieval.search import Hit, IndexSearcher, check_k, index_run
 from ..retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
-from ..workflows import folder_holding
-from .image_inputs import ImageInput, image_items, is_vectors, unit_rows
-from .run import TrainedRun, load_run
+from ..runs.trained import TrainedRun
 
 
 class Index(IndexSearcher):
@@ -230,10 +230,7 @@ class Index(IndexSearcher):
             raise IndexStoreError(f"{where} was built from embeddings without a run: search it with embeddings, or "
                                   "give the run that computed them (Index.open(path, run=...))")
         model = read_manifest(self.index_dir, model=True).model if self.index_dir is not None else self.manifest.model
-        checkpoint = index_checkpoint(where, model, self._verify)
-        run = load_run(model["run_dir"], checkpoint, self._device)
-        run.image_size, run.test_resize = int(model["image_size"]), model["test_resize"]
-        return run
+        return index_run(where, model, self._device, self._verify)
 
     # -- changing, searching, saving ----------------------------------------------------------------------------
 

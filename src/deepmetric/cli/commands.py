@@ -147,7 +147,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config:
             raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
                                   "key=value overrides instead of --config")
-        from ..training.run_dir import RunDir
+        from ..runs.folder import RunDir
 
         saved = RunDir(args.out).config().to_dict()
         config = build_config(saved, *layers)
@@ -278,8 +278,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from ..data.listing import list_images_of
     from ..retrieval import Searcher
-    from ..workflows import list_images_of
 
     queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)

@@ -22,12 +22,14 @@ import torch
 import yaml
 
 from ..data import check_data_path
+from ..devices import resolve_device
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
 from ..io import atomic_write_text, check_writable, read_json_object, refuse_folder
-from ..training.run_dir import RunDir, load_run_model
-from ..training.setup import load_table, resolve_device
+from ..runs.folder import RunDir
+from ..runs.model import load_run_model
+from ..runs.table import load_table
 from . import figures
 
 logger = logging.getLogger("deepmetric")

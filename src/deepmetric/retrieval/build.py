@@ -8,13 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import IndexStoreError
-from ..evaluation import EmbedSettings, embed_table
-from ..io import check_writable, file_sha256
-from ..training.checkpoint import checkpoint_state
-from ..training.run_dir import RunDir, load_run_model
-from ..training.setup import resolve_device
-from ..workflows import (
+from ..data.listing import (
     LIST_SUFFIXES,
     files_table,
     first_of_each,
@@ -23,6 +17,13 @@ from ..workflows import (
     list_images,
     same_file_key,
 )
+from ..devices import resolve_device
+from ..errors import IndexStoreError
+from ..evaluation import EmbedSettings, embed_table
+from ..io import check_writable, file_sha256
+from ..runs.checkpoint import checkpoint_state
+from ..runs.folder import RunDir
+from ..runs.model import load_run_model
 from . import faiss_index
 from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
 

@@ -19,8 +19,10 @@ from ..data.images import read_image
 from ..data.transforms import TestTransform
 from ..errors import DeepMetricError, IndexStoreError
 from ..io import file_sha256
+from ..models import Embedder
 from ..progress import progress_bar
-from ..training.run_dir import RunDir, model_from_checkpoint
+from ..runs.folder import RunDir
+from ..runs.trained import TrainedRun, open_run
 from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
 
 
@@ -95,28 +97,36 @@ def index_checkpoint(index_dir: str | Path, model_info: dict[str, Any], verify: 
     return checkpoint
 
 
-def run_channels_last(run_dir: str | Path) -> bool:
-    """The run's ``train.channels_last``: the memory format its gallery was embedded in (``deepmetric index`` loads
-    the run as ``load_run`` does), so that a query is embedded the same way (NCHW and NHWC convolutions differ in
-    the last bits). The default when the run's config cannot be read (an index whose run folder kept only its
-    checkpoint)."""
+def index_run(index_dir: str | Path, model_info: dict[str, Any], device: str | torch.device | None,
+              verify: bool = True) -> TrainedRun:
+    """The run an index's model record names (``read_manifest(..., model=True).model``), its checkpoint checked
+    (``index_checkpoint``), embedding at the size and resize its gallery was embedded at. The run's config gives the
+    memory format (NCHW and NHWC convolutions differ in the last bits) and, with ``device`` None, the device; an index
+    whose run folder kept only its checkpoint is read with the default config."""
+    checkpoint = index_checkpoint(index_dir, model_info, verify)
+    run_dir = RunDir(model_info["run_dir"])
     try:
-        return RunDir(run_dir).config().train.channels_last
+        config = run_dir.config()
     except (DeepMetricError, OSError):
-        return RunConfig().train.channels_last
+        config = RunConfig()
+    return open_run(run_dir, config, checkpoint, device, int(model_info["image_size"]), model_info["test_resize"])
 
 
 class Searcher(IndexSearcher):
-    """An index with its model: search by image (array or file)."""
+    """An index with its model (a ``TrainedRun``, ``run``): search by image (array or file)."""
 
     def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
         super().__init__(index_dir, model=True)  # the model record checked, its paths found where the index is now
-        model_info = self.manifest.model
-        checkpoint = index_checkpoint(self.index_dir, model_info, verify_checkpoint)
-        self.model, _ = model_from_checkpoint(checkpoint, device)
-        self.model.set_channels_last(run_channels_last(model_info["run_dir"]))
-        self.device = torch.device(device)
-        self.transform = TestTransform(int(model_info["image_size"]), model_info["test_resize"])
+        self.run = index_run(self.index_dir, self.manifest.model, device, verify_checkpoint)
+        self.transform = TestTransform(self.run.image_size, self.run.test_resize)
+
+    @property
+    def model(self) -> Embedder:
+        return self.run.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.run.device
 
     @torch.no_grad()
     def embed(self, image: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ from ..errors import DeepMetricError
 from ..evaluation.per_query import PerQueryFile, load_per_query, per_query_path, query_scores
 from ..evaluation.table import metric_label
 from ..io import atomic_write_bytes, atomic_write_text
-from ..training.run_dir import RunDir
+from ..runs.folder import RunDir
 from . import statistics
 from .cost import training_cost
 from .record import TABLE_KEYS, finished, problem, write_manifest

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import DeepMetricError
-from ..training.run_dir import RunDir
+from ..runs.folder import RunDir
 from .record import finished
 from .spec import StudyRun, StudySpec
 from .text import cell

@@ -27,8 +27,8 @@ from typing import Any
 from ..config import build_config
 from ..data import check_data_path
 from ..errors import DeepMetricError
-from ..training.checkpoint import checkpoint_state
-from ..training.run_dir import RunDir
+from ..runs.checkpoint import checkpoint_state
+from ..runs.folder import RunDir
 from .record import finished, recorded
 from .spec import StudyRun, StudySpec
 

@@ -43,7 +43,7 @@ from ..io import (
     open_in_place,
     replace_folder,
 )
-from ..training.run_dir import RunDir
+from ..runs.folder import RunDir
 
 RECORDED = ("config.yaml", "metrics.jsonl", "metrics.json", "metrics-last.json", "metrics-all-embeddings.json",
             "environment.json", "per-query.npz", "per-query-last.npz")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..config import RunConfig, build_config
 from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
+from ..runs.folder import RunDir, flat_settings
 from ..training import train
-from ..training.run_dir import RunDir, _flat
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import aggregate, aggregate_all_embeddings, write_results
 from .record import DamagedRecord, finished, record_lock, record_run, refuse_links, restore_run, write_manifest
@@ -42,10 +42,10 @@ def changed_settings(folder: RunDir, config: RunConfig) -> list[str]:
     """The settings (``key: saved -> now``) in which ``folder``'s saved ``config.yaml`` differs from ``config``;
     ``[]`` when the finished run is the one the study would train now."""
     try:
-        saved = _flat(folder.config().to_dict())
+        saved = flat_settings(folder.config().to_dict())
     except DeepMetricError as error:
         return [f"its config.yaml cannot be read: {error}"]
-    now = _flat(config.to_dict())
+    now = flat_settings(config.to_dict())
     return [f"{key}: {saved.get(key, '(none)')} -> {now.get(key, '(none)')}" for key in sorted(set(saved) | set(now))
             if key not in NOT_COMPARED and saved.get(key) != now.get(key)]
 

@@ -37,8 +37,8 @@ import numpy as np
 from ..config import build_config
 from ..errors import ConfigError, RunInUse, TrainingError
 from ..io import atomic_write_bytes, atomic_write_text, load_json
+from ..runs.folder import RunDir
 from ..training import train
-from ..training.run_dir import RunDir
 from ..training.trainer import selection_key
 from .record import record_lock, write_manifest
 from .search_space import TuneSpec

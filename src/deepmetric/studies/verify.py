@@ -244,7 +244,7 @@ def verify(spec: StudySpec) -> Verification:
 def _check_trials(spec: StudySpec, found: Verification) -> None:
     """6. each recorded trial's score and step follow from its recorded training log (``tuning.score_of``), and
     ``tuning.md`` / ``tuning.csv`` are what the recorded trials give."""
-    from ..training.run_dir import RunDir
+    from ..runs.folder import RunDir
     from .tuning import TRIAL, score_of, trials_of, tuning_tables
 
     assert spec.record is not None and spec.tune is not None

@@ -32,6 +32,7 @@ from ..data.batched_transforms import BatchedTrainTransform
 from ..data.cache import CachedBatches, ImageCache
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader, training_loader
+from ..devices import resolve_device
 from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
 from ..errors import DeepMetricError, TrainingError, TrainingInterrupted
 from ..evaluation import EmbedSettings, evaluate
@@ -42,12 +43,13 @@ from ..models import Embedder
 from ..models.backbones import check_backbone_exists
 from ..progress import progress_bar
 from ..provenance import environment
-from .checkpoint import load_checkpoint, save_checkpoint
+from ..runs.checkpoint import load_checkpoint, save_checkpoint
+from ..runs.folder import RunDir
+from ..runs.table import load_table
 from .compiled import training_forward
 from .optim import apply_schedule, build_optimizer
-from .run_dir import RunDir
 from .scalars import TensorBoardScalars
-from .setup import build_model, load_table, resolve_device, seed_everything, untrained_baseline
+from .setup import build_model, seed_everything, untrained_baseline
 from .signals import stop_on_signals
 
 log = logging.getLogger("deepmetric")

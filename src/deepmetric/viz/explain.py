@@ -22,18 +22,19 @@ import torch
 
 from ..config import RunConfig
 from ..data import check_data_path, load_dataset
+from ..data.listing import files_table, first_of_each, folder_holding, image_sources, list_images_of
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
+from ..devices import resolve_device
 from ..errors import DataError, DeepMetricError
 from ..io import atomic_write_bytes
 from ..models import Embedder
 from ..models.heads import HEADS, head_class
 from ..progress import progress_bar
-from ..training.checkpoint import checkpoint_state
-from ..training.run_dir import RunDir, load_run_model
-from ..training.setup import resolve_device
-from ..workflows import files_table, first_of_each, folder_holding, image_sources, list_images_of
+from ..runs.checkpoint import checkpoint_state
+from ..runs.folder import RunDir
+from ..runs.model import load_run_model
 from .overlays import image_overlays, top_images_grid
 
 

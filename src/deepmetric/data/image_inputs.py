@@ -77,7 +77,7 @@ def _image_item(item: Any, where: str) -> Path | Image.Image | np.ndarray:
         path = Path(item)
         if path.is_dir():
             raise DataError(f"{where}: {path} is a folder; give its image files, e.g. "
-                            "deepmetric.workflows.list_images(folder) (the files, in the order, deepmetric embed "
+                            "deepmetric.data.listing.list_images(folder) (the files, in the order, deepmetric embed "
                             "takes), or build an Index from the folder")
         return path
     if isinstance(item, Image.Image):

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
+from ..data.image_inputs import ImageInput, ImagesTable, image_items
+from ..devices import resolve_device
 from ..errors import CheckpointError, DataError
 from ..evaluation import EmbedSettings, embed_table
 from ..models import Embedder
-from ..training.run_dir import RunDir, load_run_checkpoint, model_from_checkpoint
-from ..training.setup import resolve_device
-from .image_inputs import ImageInput, ImagesTable, image_items
+from .folder import RunDir
+from .model import model_from_checkpoint
 
 CHECKPOINTS = ("auto", "best", "last")
 
@@ -44,8 +45,8 @@ class TrainedRun:
         step: the training step of that checkpoint (None when it does not say).
         model: the ``Embedder``, in eval mode while embedding, on ``device``.
         device: where the model runs.
-        image_size: the test-time image size (``data.image_size``; for a run loaded by an ``Index``, the
-            index's).
+        image_size: the test-time image size (``data.image_size``, unless given at construction: a run loaded by
+            an ``Index`` embeds at the size its gallery was embedded at, the index's).
         test_resize: the test-time resize (``data.test_resize``; likewise).
 
     Examples:
@@ -54,15 +55,15 @@ class TrainedRun:
     """
 
     def __init__(self, path: Path, config: RunConfig, model: Embedder, checkpoint: Path, state: dict[str, Any],
-                 device: torch.device):
+                 device: torch.device, image_size: int | None = None, test_resize: str | None = None):
         self.path = path
         self.config = config
         self.model = model
         self.checkpoint = checkpoint
         self.step: int | None = state.get("step")
         self.device = device
-        self.image_size: int = config.data.image_size
-        self.test_resize: str = config.data.test_resize
+        self.image_size: int = config.data.image_size if image_size is None else int(image_size)
+        self.test_resize: str = config.data.test_resize if test_resize is None else test_resize
 
     @property
     def embedding_dim(self) -> int:
@@ -150,15 +151,21 @@ def load_run(path: str | os.PathLike[str], checkpoint: str | os.PathLike[str] = 
         >>> x = run.embed(["a.jpg", "b.png"])                       # == `deepmetric embed runs/cub` of the two files
     """
     run_dir = RunDir(path)
-    config = run_dir.config()
+    return open_run(run_dir, run_dir.config(), checkpoint, device)
+
+
+def open_run(run_dir: RunDir, config: RunConfig, checkpoint: str | os.PathLike[str] = "auto",
+             device: str | torch.device | None = None, image_size: int | None = None,
+             test_resize: str | None = None) -> TrainedRun:
+    """``load_run`` of a run whose config was read already (``config.yaml`` is read once), embedding at
+    ``image_size`` with ``test_resize`` when given (an index's, which its gallery was embedded at), else the run's."""
     target = resolve_device(config.train.device if device is None else str(device))
     if str(checkpoint) in CHECKPOINTS:
-        model, config, file, _, state = load_run_checkpoint(run_dir.path, str(checkpoint), target)
+        file = run_dir.checkpoint(str(checkpoint))
     else:
         file = Path(checkpoint)
         if not file.is_file():
             raise CheckpointError(f"checkpoint {file} is not a file (give auto, best, last or a checkpoint file)")
-        model, state = model_from_checkpoint(file, target)
-        model.set_channels_last(config.train.channels_last)
-    return TrainedRun(run_dir.path, config, model, file, state, target)
-
+    model, state = model_from_checkpoint(file, target)
+    model.set_channels_last(config.train.channels_last)
+    return TrainedRun(run_dir.path, config, model, file, state, target, image_size, test_resize)

@@ -1,4 +1,4 @@
-"""The run directory: its files, and rebuilding a trained model from it.
+"""The run directory: its files, its logs and its config (the lock is ``runs.lock``, the model ``runs.model``).
 
 ```
 RUN/
@@ -18,21 +18,16 @@ RUN/
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import fnmatch
 import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import RunConfig, config_from_dict
-from ..config.validate import model_spec_config
-from ..errors import CheckpointError, DeepMetricError, RunInUse
+from ..errors import CheckpointError, DeepMetricError
 from ..folders import RUN_CONFIG, check_run_dir
 from ..io import (
     TEMPORARY_PREFIX,
@@ -44,25 +39,15 @@ from ..io import (
     load_yaml,
     open_in_place,
     to_json,
-    unprefixed,
 )
-from ..models import Embedder
-from ..models.embedder import build_plan, plan_model
-from .checkpoint import load_checkpoint
+from . import lock
 
 log = logging.getLogger("deepmetric")
 
 # Settings that shape what ``last`` holds (the model's and objective's tensors, the optimiser's groups): a resumed
 # run must keep them. Weight files and the pretrained flag only matter before step 1, so they may change.
-MODEL_SPEC_KEYS = {"backbone", "head", "embedding_dim", "split", "freeze_bn", "head_options"}
-"""What ``Embedder.spec`` holds: the arguments of ``create_model`` that rebuild the architecture."""
 FIXED_ON_RESUME = ("model.", "loss.", "generator.", "train.groups")
 FREE_ON_RESUME = ("model.weights", "model.trust_pickle", "model.pretrained")
-
-
-_HELD_HERE: set[str] = set()
-"""Run folders this process holds through ``RunDir.holding`` (real paths): a claim on one of them nests, where flock
-would refuse a second open file of the same process."""
 
 
 def data_slug(spec: str) -> str:
@@ -76,11 +61,12 @@ def data_slug(spec: str) -> str:
     return text
 
 
-def _flat(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_settings(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's sections as ``section.key`` settings (``train.groups`` kept whole: it is one setting)."""
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         if isinstance(value, dict) and value and f"{prefix}{key}" != "train.groups":
-            flat.update(_flat(value, f"{prefix}{key}."))
+            flat.update(flat_settings(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -210,75 +196,19 @@ class RunDir:
         return self.path / ".lock"
 
     def holder(self) -> str | None:
-        """The PID of the process that holds this folder now (``claimed``), or None when it is free. A look only:
-        the lock is not kept, so the folder may be taken a moment later (``claimed`` still refuses then)."""
-        try:  # not through a symbolic link (``claimed`` refuses one, naming it)
-            handle = os.fdopen(open_in_place(self.lock_path, os.O_RDONLY))
-        except (OSError, DeepMetricError):
-            return None
-        with handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return handle.read().strip() or "?"
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return None
+        """The PID of the process that holds this folder now (``claimed``), or None when it is free
+        (``runs.lock.holder``)."""
+        return lock.holder(self.lock_path)
 
-    @contextlib.contextmanager
-    def claimed(self) -> Iterator[None]:
-        """Hold the run folder for this process: an exclusive ``flock`` on ``RUN/.lock``, released when the
-        process ends or dies. A second training into the same folder is refused naming the holder's PID (two
-        trainings into one ``--out`` both ran and interleaved their logs, configs and checkpoints). The lock file is
-        opened without following a symbolic link (one planted there had the file it points to overwritten with the
-        PID): a link or a FIFO there is refused, naming it. Inside ``holding`` by this process, a claim nests."""
-        if os.path.realpath(self.path) in _HELD_HERE:
-            yield
-            return
-        if self.path.exists() and not self.path.is_dir():
-            raise DeepMetricError(f"{self.path} is a file, not a run folder; choose another --out")
-        real = self.path.resolve()  # '..' and links resolved: the folders removed below are the ones made here
-        created = [folder for folder in (real, *real.parents) if not folder.exists()]
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            handle = os.fdopen(open_in_place(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+")
-        except OSError as error:
-            raise DeepMetricError(f"cannot write to {self.path}: {error.strerror or error}") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "?"
-            handle.close()
-            raise RunInUse(f"{self.path} is in use by another training (process {holder}); wait for it to end or "
-                           "choose another --out", holder) from None
-        try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-            if os.path.lexists(self.metrics_log):  # the log is appended in place: a link there is refused now,
-                os.close(open_in_place(self.metrics_log, os.O_WRONLY | os.O_APPEND))  # not after a first step
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            handle.close()
-            if [f.name for f in self.path.iterdir()] == [self.lock_path.name]:  # nothing written: leave no folder
-                self.lock_path.unlink()
-                for folder in created:  # deepest first
-                    folder.rmdir()
+    def claimed(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the run folder for this process (``runs.lock.claimed``): a second training into it is refused
+        naming the holder's PID."""
+        return lock.claimed(self.path, self.lock_path, self.metrics_log)
 
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        """``claimed`` for a sequence of steps on one run (a study: training, then its evaluation), within which
-        the steps' own claims (``train``'s) nest instead of being refused: the folder is never free in between,
-        so another process cannot resume or evaluate the run a second time."""
-        key = os.path.realpath(self.path)
-        with self.claimed():
-            _HELD_HERE.add(key)
-            try:
-                yield
-            finally:
-                _HELD_HERE.discard(key)
+    def holding(self) -> contextlib.AbstractContextManager[None]:
+        """``claimed`` for a sequence of steps on one run, within which the steps' own claims nest
+        (``runs.lock.holding``)."""
+        return lock.holding(self.path, self.lock_path, self.metrics_log)
 
     def clear_failed_start(self) -> None:
         """Remove what a run that stopped before its first checkpoint wrote, so that it starts afresh."""
@@ -315,7 +245,7 @@ class RunDir:
     def check_resumable(self, config: RunConfig) -> None:
         """Refuse, naming them, settings of ``config`` that differ from the run's saved ones and shape what its
         ``last`` checkpoint holds (``FIXED_ON_RESUME``): resuming would not fit the saved tensors."""
-        saved, new = _flat(self.config().to_dict()), _flat(config.to_dict())
+        saved, new = flat_settings(self.config().to_dict()), flat_settings(config.to_dict())
         changed = [key for key in sorted(set(saved) | set(new)) if key.startswith(FIXED_ON_RESUME)
                    and not key.startswith(FREE_ON_RESUME) and saved.get(key) != new.get(key)]
         if changed:
@@ -373,74 +303,3 @@ class RunDir:
                                       f"{type(record).__name__}); the log is damaged")
             records.append(record)
         return records
-
-
-def model_from_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Embedder, dict[str, Any]]:
-    """Rebuild the ``Embedder`` described by a checkpoint's spec and load its weights."""
-    tensors, state = load_checkpoint(path)
-    return model_from_tensors(tensors, state, path, device), state
-
-
-def model_from_tensors(tensors: dict[str, torch.Tensor], state: dict[str, Any], path: Path,
-                       device: str | torch.device = "cpu") -> Embedder:
-    """``model_from_checkpoint`` for a checkpoint already read (``path`` only names it in errors)."""
-    spec = state.get("model_spec")
-    if not isinstance(spec, dict) or not isinstance(spec.get("head_options", {}), dict):
-        raise CheckpointError(f"{path} has no model_spec describing its model (a damaged or hand-edited header)")
-    unknown = sorted(set(spec) - MODEL_SPEC_KEYS)
-    if unknown:
-        raise CheckpointError(f"{path}: its model_spec has unknown key(s) {unknown}; expected "
-                              f"{', '.join(sorted(MODEL_SPEC_KEYS))}")
-    weights = unprefixed("model", tensors)
-    damaged = [name for name, value in weights.items() if value.is_floating_point() and not value.isfinite().all()]
-    if damaged:
-        raise CheckpointError(f"{path} holds NaN or infinite weights ({len(damaged)} tensors, e.g. {damaged[0]})")
-    plan = planned_model(spec, path)
-    expected = {name: tuple(value.shape) for name, value in plan.state_dict().items()}
-    missing = [name for name in expected if name not in weights]
-    unexpected = [name for name in weights if name not in expected]
-    if missing or unexpected:
-        raise CheckpointError(f"{path} does not fit the model it describes: missing {missing[:5]}, unexpected "
-                              f"{unexpected[:5]}")
-    misshapen = [f"{name} {tuple(weights[name].shape)} (expected {shape})" for name, shape in expected.items()
-                 if tuple(weights[name].shape) != shape]
-    if misshapen:  # found on the plan, before the model's memory is allocated
-        raise CheckpointError(f"{path} does not fit the model it describes: {len(misshapen)} tensor(s) of another "
-                              f"shape, e.g. {misshapen[0]}")
-    model = build_plan(plan)
-    model.load_state_dict(weights)
-    return model.to(device).eval()
-
-
-def planned_model(spec: dict[str, Any], path: Path) -> Embedder:
-    """The model a checkpoint's ``model_spec`` describes, on the meta device (``plan_model``), once the spec is typed
-    and checked as the config's ``model`` section (``model_spec_config``): a crafted header can ask for no option the
-    head does not declare (``weights``, ``trust_pickle``), no value of another type or out of bounds, and no model
-    above ``MAX_MODEL_VALUES``. Each refusal is one ``CheckpointError`` naming the file."""
-    try:
-        model = model_spec_config(spec)
-        return plan_model(model.backbone, model.head, model.embedding_dim, model.split, model.freeze_bn,
-                          **model.head_options)
-    except DeepMetricError as error:
-        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: {error}") from None
-    except (TypeError, ValueError, RuntimeError) as error:  # a head option out of the head's range
-        raise CheckpointError(f"{path}: its model_spec describes no model deepmetric builds: "
-                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
-
-
-def load_run_checkpoint(run_dir: str | Path, which: str = "auto", device: str | torch.device = "cpu"
-                        ) -> tuple[Embedder, RunConfig, Path, dict[str, torch.Tensor], dict[str, Any]]:
-    """``load_run_model`` that also returns the checkpoint's tensors and state (e.g. the objective's), read once."""
-    run = RunDir(run_dir)
-    config = run.config()
-    path = run.checkpoint(which)
-    tensors, state = load_checkpoint(path)
-    model = model_from_tensors(tensors, state, path, device).set_channels_last(config.train.channels_last)
-    return model, config, path, tensors, state
-
-
-def load_run_model(run_dir: str | Path, which: str = "auto",
-                   device: str | torch.device = "cpu") -> tuple[Embedder, RunConfig, Path]:
-    """A run's model from its checkpoint ``which`` (``auto``, ``best`` or ``last``), its config and the file."""
-    model, config, path, _, _ = load_run_checkpoint(run_dir, which, device)
-    return model, config, path
