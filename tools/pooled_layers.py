@@ -27,7 +27,7 @@ from deepmetric.evaluation.evaluator import EmbedSettings, embed_outputs, split_
 from deepmetric.models.backbones import Backbone, create_backbone
 from deepmetric.models.embedder import Embedder
 from deepmetric.models.heads.base import HeadOutput
-from deepmetric.training.setup import load_table
+from deepmetric.runs.table import load_table
 
 
 class EveryLayerPooled(nn.Module):
