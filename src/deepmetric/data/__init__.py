@@ -65,18 +65,22 @@ for _name, _loader, _kind in [
     PATH_KINDS[_name] = _kind
 
 __all__ = [
-    "DATASETS", "GLYPH_CHARS", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform", "TrainTransform",
-    "build_glyphs", "carve_validation", "check_data_path", "load_dataset",
+    "DATASETS", "GLYPH_CHARS", "ImageDataset", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform",
+    "TrainTransform", "build_glyphs", "carve_validation", "check_data_path", "load_dataset",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """The transforms (torchvision) are imported on first use: the config checks ``data.resizing``'s choices
-    without the data pipeline."""
+    """The transforms (torchvision) and the torch dataset are imported on first use: the config checks
+    ``data.resizing``'s choices without the data pipeline."""
     if name in ("TestTransform", "TrainTransform"):
         from . import transforms
 
         return getattr(transforms, name)
+    if name == "ImageDataset":
+        from .torch_dataset import ImageDataset
+
+        return ImageDataset
     raise AttributeError(f"module 'deepmetric.data' has no attribute '{name}'")
 
 

@@ -14,7 +14,13 @@ from .table import RetrievalTable
 
 
 class ImageDataset(Dataset):
-    """Items are ``(image tensor, label, row)``; an item key is a row or a ``(row, seed)`` pair."""
+    """Items are ``(image tensor, label, row)``; an item key is a row or a ``(row, seed)`` pair.
+
+    ``transform(image, seed)`` makes the tensor (``TrainTransform``: the augmentation is a function of the seed;
+    ``TestTransform`` ignores it); ``labels`` replaces the table's (the trainer gives class indices). With a
+    ``PKSampler`` as the ``DataLoader``'s ``batch_sampler``, each key is ``(row, seed)``: the batches and their
+    augmentations are those ``deepmetric train`` draws for the same seed.
+    """
 
     def __init__(self, table: RetrievalTable, transform: Callable[[np.ndarray, int], torch.Tensor],
                  labels: np.ndarray | None = None):

@@ -15,6 +15,7 @@ Regularisers (``loss.regularizers.<name>``) have their own table in ``regularize
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ __all__ = [
     "LOSSES", "MINERS", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss",
     "ContrastiveLoss", "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss",
     "HordeRegularizer", "LearnerRowNorm", "MarginLoss", "MultiSimilarityLoss", "Objective", "PMLLoss", "TripletLoss",
-    "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_objective",
+    "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_objective", "create_objective",
     "check_regularizer_options", "try_loss",
     "register_regularizer",
 ]
@@ -180,6 +181,35 @@ def build_objective(config: Any, head: Head, num_classes: int | None = None) -> 
     regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
                     for name, options in specs.items()}
     return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes)
+
+
+def create_objective(head: Head, loss: str = "binomial", options: dict[str, Any] | None = None, *,
+                     num_classes: int | None = None, regularizers: dict[str, dict[str, Any]] | None = None,
+                     on: str | None = None, parts_reduction: str | None = None, miner: str | None = None,
+                     miner_options: dict[str, Any] | None = None) -> Objective:
+    """The objective by name, for a training loop of your own: ``create_objective(model.head, "binomial",
+    num_classes=C)`` is what ``deepmetric train`` builds from ``loss.name=binomial`` (``build_objective`` of the run
+    config's ``loss`` section; each argument is that section's key of the same name, None taking the head's default).
+
+    Args:
+        head: the model's head (``Embedder.head``): it gives the defaults and the width of each metric loss.
+        loss: a name of ``LOSSES`` (``contrastive``, ``triplet``, ``binomial``, ``multi-similarity``, ``margin``,
+            ``pml:<Class>``), with its keyword ``options``.
+        num_classes: the number of training classes, for losses with per-class parameters (margin's beta, proxies);
+            the labels passed to the objective are then class indices in ``range(num_classes)``.
+        regularizers: ``{name: {"weight": w, option: value}}``; None: the head's defaults (ABE's divergence ...),
+            ``{}``: none.
+        on: ``embedding`` or ``parts`` (one metric loss per learner); None: the head's choice.
+        parts_reduction: ``mean`` or ``sum`` of the per-part losses; None: the head's choice.
+        miner: a pytorch-metric-learning miner (``pml:<Class>``, with a ``pml:`` loss only) and its ``miner_options``.
+
+    Returns:
+        The ``Objective``: ``loss, terms = objective(model(images), labels)``, the total and its unweighted terms;
+        an ``nn.Module`` whose parameters (if any) the optimiser must train too.
+    """
+    section = SimpleNamespace(name=loss, options=dict(options or {}), on=on, parts_reduction=parts_reduction,
+                              regularizers=regularizers, miner=miner, miner_options=dict(miner_options or {}))
+    return build_objective(section, head, num_classes)
 
 
 def check_objective(config: Any, head: Head) -> None:

@@ -1,7 +1,13 @@
-"""Training: the loop, the optimiser groups, the untrained baseline (it writes the run format, ``deepmetric.runs``)."""
+"""Training: the loop, the optimiser groups, the untrained baseline (it writes the run format, ``deepmetric.runs``).
+
+The loop's parts, for a loop of your own (docs/own-loop.md): ``seed_everything``, ``build_model``, ``load_table``,
+``initialize_head``, ``build_optimizer``, ``apply_schedule`` and ``selection_key`` are what ``train`` calls.
+"""
 
 from ..runs.table import load_table
-from .setup import build_model
-from .trainer import TrainingError, TrainingInterrupted, TrainResult, train
+from .optim import apply_schedule, build_optimizer
+from .setup import build_model, seed_everything
+from .trainer import TrainingError, TrainingInterrupted, TrainResult, initialize_head, selection_key, train
 
-__all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "build_model", "load_table", "train"]
+__all__ = ["TrainResult", "TrainingError", "TrainingInterrupted", "apply_schedule", "build_model", "build_optimizer",
+           "initialize_head", "load_table", "seed_everything", "selection_key", "train"]

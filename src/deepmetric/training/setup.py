@@ -17,12 +17,16 @@ from ..provenance import evaluation_environment
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators (torch's seeds every GPU's too), as ``train`` does
+    before it builds the model (``train.seed``)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
 def build_model(config: RunConfig) -> Embedder:
+    """The run's ``Embedder``: ``create_model`` with the ``model`` section, channels-last as
+    ``train.channels_last`` says."""
     m = config.model
     model = create_model(backbone=m.backbone, head=m.head, embedding_dim=m.embedding_dim, pretrained=m.pretrained,
                          split=m.split, freeze_bn=m.freeze_bn, weights=m.weights, trust_pickle=m.trust_pickle,
