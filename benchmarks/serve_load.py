@@ -144,7 +144,8 @@ def main() -> None:
     import torch
 
     from deepmetric.retrieval import Searcher
-    from deepmetric.retrieval.service import BackgroundServer, ServiceLimits, create_app
+    from deepmetric.retrieval.background import BackgroundServer
+    from deepmetric.retrieval.service import ServiceLimits, create_app
     from deepmetric.retrieval.uploads import decode_upload
 
     if args.torch_threads:

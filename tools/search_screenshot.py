@@ -17,7 +17,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from deepmetric.retrieval import Searcher
-from deepmetric.retrieval.service import BackgroundServer, create_app
+from deepmetric.retrieval.background import BackgroundServer
+from deepmetric.retrieval.service import create_app
 
 
 def main() -> None:

@@ -28,15 +28,15 @@ import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError, DeepMetricError, did_you_mean
+from ..errors import ConfigError, DeepMetricError, did_you_mean
 from ..registry import Registry
-from .bn_inception import bn_inception_stages, bn_inception_state
+from .bn_inception import bn_inception_stages
 from .inception_v1 import inception_v1_stages
+from .weights import load_weights
 
 Stage = tuple[str, nn.Module, int, int]  # (name, module, out_channels, cumulative stride)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -255,57 +255,6 @@ def backbone_names() -> list[str]:
     return BACKBONES.names()
 
 
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
-
-
-def _read_weights(file: Path, trust_pickle: bool) -> dict[str, torch.Tensor]:
-    """A state dict from safetensors, or from a legacy pickled torch file when the user trusts it."""
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(file))
-    if file.suffix in PICKLE_SUFFIXES and trust_pickle:
-        # Even when trusted, read with torch's restricted unpickler: tensors and containers only.
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        return state.get("state_dict", state) if isinstance(state, dict) else state
-    if file.suffix in PICKLE_SUFFIXES:
-        raise CheckpointError(f"refusing to load {file}: it is a pickled torch file, and unpickling a file can "
-                              "execute code from it. Convert it to .safetensors, or pass --trust-pickle "
-                              "(model.trust_pickle=true) if you trust where it came from.")
-    raise CheckpointError(f"backbone weights {file}: expected a .safetensors file (or a legacy torch file with "
-                          "--trust-pickle)")
-
-
-# Backbones whose usual weight files name their tensors otherwise: the renaming applied before loading.
-WEIGHT_RENAMERS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
-    "bn-inception": bn_inception_state,
-}
-
-
-# Where the weight files a backbone is usually given come from (no weights ship for these).
-WEIGHT_SOURCES: dict[str, str] = {
-    "bn-inception": "the BN-Inception converted from Caffe that pretrainedmodels (Cadene) and TSN distribute as "
-                    "bn_inception-*.pth (read with model.trust_pickle=true, or converted to .safetensors: "
-                    "docs/reproduce.md, HORDE section)",
-    "inception-v1": "Caffe's bvlc_googlenet converted to a .safetensors state dict of deepmetric's inception-v1 "
-                    "(docs/reproduce.md, the common setting)",
-}
-
-
-def _load_weights(model: nn.Module, path: str, trust_pickle: bool = False, backbone: str = "") -> None:
-    file = Path(path).expanduser()  # "~/weights.safetensors" in a config file: the home folder's
-    if not file.is_file():
-        source = f"; it is {WEIGHT_SOURCES[backbone]}" if backbone in WEIGHT_SOURCES else ""
-        raise CheckpointError(f"backbone weights {file} (model.weights) do not exist{source}")
-    state = _read_weights(file, trust_pickle)
-    if backbone in WEIGHT_RENAMERS:
-        state = WEIGHT_RENAMERS[backbone](state)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"backbone weights {file} do not fit the network: missing "
-                              f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
-
-
 class StatsFrozenBatchNorm2d(nn.BatchNorm2d):
     """BatchNorm that always normalises with its running statistics (it stays in eval mode) while its affine
     weight and bias train: ``freeze_bn: stats``, the DGML code's ``resnet50_frozen_normalize`` (``eval()`` on
@@ -355,7 +304,7 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
     network = BACKBONES.get(name)(pretrained)
     stages = network.stages
     if weights:
-        _load_weights(network.model, weights, trust_pickle, name)
+        load_weights(network.model, weights, trust_pickle, name)
     if freeze_bn == "stats":
         stages = [(n, freeze_batch_norm_stats(m), c, s) for n, m, c, s in stages]
     elif freeze_bn:
@@ -381,30 +330,3 @@ def create_backbone(name: str = "lite0", pretrained: bool = True, split: str | N
                     stage_channels={n: c for n, _, c, _ in stages}, stage_strides={n: st for n, _, _, st in stages})
 
 
-# Where the attention heads cut each backbone (DIABLO thesis §4.4.7.1, ABE §4): for ``pre``-attention the
-# trunk F ends where the GoogLeNet's pool3 does and phi is a copy of the blocks that follow at the same
-# resolution (inception 4a-4e); for ``post``-attention F ends at pool4 and phi copies inception 5a-5b.
-# The other backbones take the analogous cut: the end of a scale, phi = the next blocks of that scale.
-ATTENTION_LAYOUTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
-    "googlenet": {"pre": ("pool3", ("inception4a", "inception4b", "inception4c", "inception4d", "inception4e")),
-                  "post": ("pool4", ("inception5a", "inception5b"))},
-    "lite0": {"pre": ("stage4", ("stage5",)), "post": ("stage6", ("stage7", "head"))},
-    "resnet50": {"pre": ("layer2", ("layer3",)), "post": ("layer3", ("layer4",))},
-    "tiny": {"pre": ("stage1", ("stage2",)), "post": ("stage2", ("stage3",))},
-}
-ATTENTION_LAYOUTS["inception-v1"] = ATTENTION_LAYOUTS["googlenet"]
-# BN-Inception's stride-16 blocks are 4a-4d (3c and 4e downsample themselves).
-ATTENTION_LAYOUTS["bn-inception"] = {
-    "pre": ("inception3c", ("inception4a", "inception4b", "inception4c", "inception4d")),
-    "post": ("inception4e", ("inception5a", "inception5b")),
-}
-
-
-def attention_layout(backbone: str, strategy: str) -> tuple[str, tuple[str, ...]]:
-    """``(split point, phi's stages)`` of an attention head with ``strategy`` (pre/post) on ``backbone``."""
-    if strategy not in ("pre", "post"):
-        raise ConfigError(f"attention strategy must be 'pre' or 'post', got '{strategy}'")
-    if backbone not in ATTENTION_LAYOUTS:
-        raise ConfigError(f"attention heads have no split defined for backbone '{backbone}'; they work on "
-                          f"{', '.join(ATTENTION_LAYOUTS)} (or pass model.split and the head option phi_stages)")
-    return ATTENTION_LAYOUTS[backbone][strategy]

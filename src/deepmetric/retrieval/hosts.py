@@ -1,5 +1,5 @@
 """Which ``Host:`` names the retrieval service answers (DNS rebinding): the policy, free of the web framework; the
-ASGI middleware that applies it is ``service.TrustedHosts``."""
+ASGI middleware that applies it is ``middleware.TrustedHosts``."""
 
 from __future__ import annotations
 

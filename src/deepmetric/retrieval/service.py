@@ -25,14 +25,10 @@ choose), as in Django's ``ALLOWED_HOSTS`` and Starlette's ``TrustedHostMiddlewar
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -45,10 +41,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from ..errors import DeepMetricError, IndexStoreError, UploadError
-from ..io import to_json
+from ..errors import IndexStoreError, UploadError
+from .capacity import Busy, Gate, ThumbnailCache
 from .connections import uvicorn_config
 from .hosts import HostCheck, is_loopback
+from .middleware import BodyTooSlow, LimitBodySize, RequestTooLarge, SecurityHeaders, TrustedHosts
 from .uploads import decode_upload, gallery_thumbnail
 
 log = logging.getLogger("deepmetric.serve")
@@ -57,8 +54,6 @@ ITEM_ID = re.compile(r"[0-9]{1,12}")
 READ_METHODS = ["GET", "HEAD"]
 """What the pages and the files are answered to: ``HEAD`` as ``GET`` (the same status and headers, no body: the
 server leaves it out), which link checkers and uptime monitors send (``HEAD /`` was a 405)."""
-SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
-                    (b"x-frame-options", b"DENY")]
 PAGE_POLICY = ("default-src 'none'; img-src 'self' blob:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
                "connect-src 'self'; form-action 'none'; base-uri 'none'")
 
@@ -82,182 +77,6 @@ class ServiceLimits:
     """A request body must arrive within this once its headers have (else 408)."""
     max_connections: int = 64
     """Connections served at once; beyond them uvicorn answers 503."""
-
-
-class RequestTooLarge(Exception):
-    """Raised from the wrapped ``receive`` once a streamed body passes the limit."""
-
-
-def error_body(message: str) -> bytes:
-    return to_json({"error": message}).encode()
-
-
-class BodyTooSlow(Exception):
-    """Raised from the wrapped ``receive`` once a body has not arrived within its deadline."""
-
-
-class LimitBodySize:
-    """ASGI middleware: refuse bodies over ``max_bytes`` (413 JSON), by Content-Length or while streaming, and
-    bodies that do not arrive within ``timeout_s`` of the request's start (408 JSON: a client sending one byte
-    every few seconds held its connection and its upload buffer indefinitely)."""
-
-    def __init__(self, app: Any, max_bytes: int, timeout_s: float = 30.0):
-        self.app = app
-        self.max_bytes = max_bytes
-        self.timeout_s = timeout_s
-
-    async def _reply(self, send: Any, status: int, message: str) -> None:
-        body = error_body(message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close"), *SECURITY_HEADERS]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = f"the request body is larger than the limit of {self.max_bytes:,} bytes"
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                await self._reply(send, 400, "the Content-Length header is not a number")
-                return
-            if int(declared) > self.max_bytes:
-                await self._reply(send, 413, too_large)
-                return
-        received = 0
-        started = False
-        body_done = False
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-
-        async def limited_receive() -> dict:
-            nonlocal received, body_done
-            if body_done:  # later receives wait for a disconnect: no deadline
-                return await receive()
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - asyncio.get_running_loop().time(), 0))
-            except TimeoutError:
-                raise BodyTooSlow() from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise RequestTooLarge()
-                body_done = not message.get("more_body", False)
-            return message
-
-        async def tracked_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracked_send)
-        except RequestTooLarge:
-            if not started:
-                await self._reply(send, 413, too_large)
-        except BodyTooSlow:
-            if not started:
-                await self._reply(send, 408, f"the request body did not arrive within {self.timeout_s:g} s")
-
-
-class SecurityHeaders:
-    """ASGI middleware: ``nosniff``, no referrer and no framing on every response."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        async def with_headers(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
-
-
-class TrustedHosts:
-    """ASGI middleware: answer only requests whose ``Host:`` is a name of ``HostCheck`` (421 JSON for another
-    name, 400 for a missing or malformed one), before the application or the body is read."""
-
-    def __init__(self, app: Any, check: HostCheck):
-        self.app = app
-        self.check = check
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        hosts = [value for key, value in scope.get("headers", []) if key == b"host"]
-        refusal = self.check.refusal(hosts[0] if len(hosts) == 1 else None)
-        if len(hosts) > 1:
-            refusal = (400, "the request has more than one Host header")
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        status, message = refusal
-        body = error_body(message)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
-
-
-class Busy(Exception):
-    """The gate is full (503)."""
-
-
-class Gate:
-    """At most ``workers`` jobs run at once in a thread pool, at most ``queue`` more wait; each waited for at
-    most ``timeout_s``. A job that overruns keeps its slot until it really ends, so the bound always holds."""
-
-    def __init__(self, workers: int, queue: int, timeout_s: float):
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deepmetric-search")
-        self.capacity = workers + queue
-        self.timeout_s = timeout_s
-        self.pending = 0  # only touched on the event loop's thread
-
-    def _finished(self, future: asyncio.Future) -> None:
-        self.pending -= 1
-        if not future.cancelled():
-            future.exception()  # retrieved, so an overrun job's error is not reported as unretrieved
-
-    async def run(self, job: Any, *args: Any) -> Any:
-        if self.pending >= self.capacity:
-            raise Busy(f"the service is busy ({self.pending} requests in progress); retry shortly")
-        self.pending += 1
-        future = asyncio.get_running_loop().run_in_executor(self.executor, job, *args)
-        future.add_done_callback(self._finished)
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
-        except TimeoutError:
-            raise Busy(f"the request took longer than {self.timeout_s:g} s; retry later") from None
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-class ThumbnailCache:
-    """Thread-safe LRU of thumbnail bytes by item id."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.items: OrderedDict[int, bytes] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: int) -> bytes | None:
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key: int, value: bytes) -> None:
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
 
 
 def page_html() -> str:
@@ -399,34 +218,6 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     app.add_middleware(TrustedHosts, check=hosts)  # outside the body limit: another name's body is never read
     app.add_middleware(SecurityHeaders)
     return app
-
-
-class BackgroundServer:
-    """uvicorn serving ``app`` from a thread (tests and benchmarks); ``port=0`` picks a free port."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, limits: ServiceLimits | None = None):
-        limits = limits or ServiceLimits()
-        self.server = uvicorn.Server(uvicorn_config(app, host, port, limits.header_timeout_s, limits.max_connections,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, name="deepmetric-uvicorn", daemon=True)
-        self.host = host
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise DeepMetricError("the HTTP server stopped while starting (port in use?)")
-            time.sleep(0.01)
-        return self
-
-    @property
-    def url(self) -> str:
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://{self.host}:{port}"
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join()
 
 
 def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: ServiceLimits | None = None,

@@ -20,9 +20,9 @@ from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
 from ..io import MalformedFile, atomic_path, load_json, to_json
+from ..models.weights import file_start, is_pickled
 
 FORMAT = "deepmetric-checkpoint-1"
-PICKLE_MAGIC = (b"\x80", b"PK\x03\x04")  # pickle protocol >= 2; torch's zip archives
 
 
 def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
@@ -44,17 +44,8 @@ def save_checkpoint(path: Path, tensors: dict[str, torch.Tensor], state: dict[st
             raise OSError(str(error)) from None
 
 
-def looks_like_safetensors(data: bytes) -> bool:
-    """A safetensors file starts with its JSON header's length (8 bytes, little-endian) and then ``{``. The
-    length's first byte may be 0x80, the pickle protocol opcode, so this is checked before the pickle magic
-    (the header may be padded with spaces)."""
-    header_length = int.from_bytes(data[:8], "little")
-    header = data[8:8 + header_length].rstrip(b" ")  # the writer pads the header with spaces
-    return len(data) >= 8 + header_length and header[:1] == b"{" and header[-1:] == b"}"
-
-
 def _refuse_pickle(path: Path, start: bytes) -> None:
-    if not looks_like_safetensors(start) and (start[:1] == PICKLE_MAGIC[0] or start[:4] == PICKLE_MAGIC[1]):
+    if is_pickled(start):
         raise CheckpointError(f"refusing to load {path}: it is a pickled torch file, and unpickling can execute "
                               "arbitrary code. deepmetric checkpoints are safetensors files.")
 
@@ -93,9 +84,7 @@ def checkpoint_state(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    with open(path, "rb") as handle:
-        start = handle.read(8)
-        start += handle.read(min(int.from_bytes(start, "little"), path.stat().st_size))
+    start = file_start(path)
     _refuse_pickle(path, start)
     try:
         metadata = load_json(start[8:]).get("__metadata__", {}) or {}

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ConfigError
-from ..backbones import Backbone, attention_layout
+from ..attention_layouts import attention_layout
+from ..backbones import Backbone
 from ..init import glorot_uniform_
 from .attention import MultiBranchHead, SigmoidMasks, copy_stages, phi_channels
 from .base import Head, HeadOutput, each_part, learner_dim

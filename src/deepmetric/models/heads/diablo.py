@@ -33,7 +33,8 @@ from typing import Any
 from torch import nn
 
 from ...errors import ConfigError
-from ..backbones import Backbone, attention_layout
+from ..attention_layouts import attention_layout
+from ..backbones import Backbone
 from .attention import DimensionWiseSelection, FeatureWiseSelection, MultiBranchHead, copy_stages, phi_channels
 
 
