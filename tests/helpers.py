@@ -48,10 +48,11 @@ def tiny_config(**sections):
 
 def record_audited_splits(monkeypatch) -> list[set[str]]:
     """Make the image audit record the splits of every table it checks (in call order); returns that list."""
-    import deepmetric.training.setup as setup
+    import deepmetric.runs.table as run_table
 
-    audited, check = [], setup.check_table
-    monkeypatch.setattr(setup, "check_table", lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
+    audited, check = [], run_table.check_table
+    monkeypatch.setattr(run_table, "check_table",
+                        lambda table, *a: audited.append(set(table.splits)) or check(table, *a))
     return audited
 
 

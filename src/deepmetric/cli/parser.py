@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import __version__
 from ..evaluation.engines import KNN_ENGINES
+from ..runs.folder import CHECKPOINTS
 from . import commands
 
 
@@ -33,7 +34,7 @@ POSITIVE_INT, COUNT, POSITIVE = _number(int, 1), _number(int, 0), _number(float,
 
 def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """The options every command that loads a run's model shares: checkpoint, batch size, progress."""
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"])
+    p.add_argument("--checkpoint", default="auto", choices=CHECKPOINTS)
     if batch_size:
         p.add_argument("--batch-size", type=POSITIVE_INT)
     p.add_argument("--quiet", action="store_true")
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="evaluate a run on its test split; writes RUN_DIR/metrics.json")
     p.add_argument("run_dir")
     p.add_argument("--data", help="evaluate on another data set spec instead of the run's")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
+    p.add_argument("--checkpoint", default="auto", choices=CHECKPOINTS,
                    help="auto: best if the run had a validation split, else last")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--all-embeddings", action="store_true",
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "model.onnx.json); never one of the run's own files")
     p.add_argument("--format", default="onnx", choices=["onnx", "torchscript"],
                    help="onnx (default; onnxruntime and every ONNX runtime) or torchscript (torch.jit.load)")
-    p.add_argument("--checkpoint", default="auto", choices=["auto", "best", "last"],
+    p.add_argument("--checkpoint", default="auto", choices=CHECKPOINTS,
                    help="auto: best if the run had a validation split, else last")
     p.set_defaults(func=commands.cmd_export)
 

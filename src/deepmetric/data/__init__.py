@@ -24,45 +24,23 @@ one that does not exist (``cub: no such folder: /data/CUB``) before anything slo
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import stat
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError, MissingDataPath
-from ..registry import Registry
-from .benchmarks import load_cars, load_cub, load_inshop, load_sop
 from .download import manual_download
-from .emoji import load_emoji
-from .generic import load_csv, load_digits, load_fashion_mnist, load_folder
-from .glyphs import GLYPH_CHARS, build_glyphs, load_glyphs
-from .icons import load_icons
+from .glyphs import GLYPH_CHARS, build_glyphs
+from .registry import DATASETS, PATH_KINDS
+
+# isort: off
+from . import glyphs, generic, benchmarks, emoji, icons  # noqa: F401, E402 (each registers its loaders, in this order)
+# isort: on
 from .sampler import PKSampler
 from .table import RetrievalDataset, RetrievalTable, check_paths_exist, check_protocol
-
-DATASETS: Registry[Callable[..., RetrievalTable]] = Registry(
-    "data set", provided=("path", "seed", "check", "skip_bad"), error=DataError)
-"""Loaders by spec name: ``loader(path, seed=, check=, skip_bad=)`` (each takes those it uses); a loader
-whose ``path`` has no default needs ``NAME:PATH``."""
-PATH_KINDS: dict[str, str] = {}
-"""What each loader's ``PATH`` must be: ``folder``, ``file``, ``built`` (a folder the loader creates) or ``none`` (it
-reads no path); the last two are not checked. A loader registered without one needs its ``PATH`` to exist, file or
-folder."""
-for _name, _loader, _kind in [
-        ("glyphs", load_glyphs, "built"), ("fashion-mnist", load_fashion_mnist, "folder"),
-        ("digits", load_digits, "none"), ("folder", load_folder, "folder"), ("csv", load_csv, "file"),
-        ("cub", load_cub, "folder"), ("cars", load_cars, "folder"), ("sop", load_sop, "folder"),
-        ("inshop", load_inshop, "folder"),
-        ("emoji", load_emoji, "folder"), ("emoji-skin", functools.partial(load_emoji, skin=True), "folder"),
-        ("icons", load_icons, "folder"),
-        ("cub-cropped", functools.partial(load_cub, crop=True), "folder"),
-        ("cars-cropped", functools.partial(load_cars, crop=True), "folder")]:
-    DATASETS.register(_name, _loader)
-    PATH_KINDS[_name] = _kind
 
 __all__ = [
     "DATASETS", "GLYPH_CHARS", "ImageDataset", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform",

@@ -22,11 +22,13 @@ common flattened variants (e.g. In-Shop's partition file beside ``img/``).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from .registry import register_dataset
 from .table import RetrievalTable, check_counts
 
 PUBLISHED = {
@@ -87,6 +89,7 @@ def _table(name: str, paths: list[str], labels: np.ndarray, splits: np.ndarray, 
     return table
 
 
+@register_dataset("cub", "folder")
 def load_cub(path: str | Path | None = None, check: bool = True, crop: bool = False) -> RetrievalTable:
     """CUB-200-2011: classes 1-100 train (5,864 images), 101-200 test (5,924); ``crop``: bounding boxes. Without
     ``path``, the publisher's archive is fetched to ``$DEEPMETRIC_DATA/cub`` on first use (``download.fetch``)."""
@@ -116,6 +119,7 @@ def load_cub(path: str | Path | None = None, check: bool = True, crop: bool = Fa
     return table
 
 
+@register_dataset("cars", "folder")
 def load_cars(path: str | Path, check: bool = True, crop: bool = False) -> RetrievalTable:
     """Cars-196 from ``cars_annos.mat``: classes 1-98 train (8,054 images), 99-196 test (8,131); ``crop``:
     bounding boxes."""
@@ -159,6 +163,7 @@ def _cub_boxes(root: Path, ids: list[int]) -> np.ndarray:
     return np.array([boxes[i] for i in ids])
 
 
+@register_dataset("sop", "folder")
 def load_sop(path: str | Path, check: bool = True) -> RetrievalTable:
     """Stanford Online Products: ``Ebay_train.txt`` (59,551 images) and ``Ebay_test.txt`` (60,502)."""
     given = Path(path)
@@ -173,6 +178,7 @@ def load_sop(path: str | Path, check: bool = True) -> RetrievalTable:
     return _table("sop", paths, np.array(labels), np.array(splits, dtype=object), root, check)
 
 
+@register_dataset("inshop", "folder")
 def load_inshop(path: str | Path, check: bool = True) -> RetrievalTable:
     """In-Shop: ``list_eval_partition.txt`` (25,882 train, 14,218 query, 12,612 gallery); queries vs gallery."""
     root = Path(path)
@@ -196,3 +202,7 @@ def load_inshop(path: str | Path, check: bool = True) -> RetrievalTable:
                    is_query=status != "gallery", is_gallery=status != "query")
     table.class_names = {i: item for item, i in item_index.items()}
     return table
+
+
+register_dataset("cub-cropped", "folder", functools.partial(load_cub, crop=True))
+register_dataset("cars-cropped", "folder", functools.partial(load_cars, crop=True))

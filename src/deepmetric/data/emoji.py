@@ -29,6 +29,7 @@ use; Google's (Noto) are Apache 2.0; Twitter's (Twemoji) CC BY 4.0; Facebook's h
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -49,6 +50,7 @@ from ..folders import source_folder
 from ..io import fsync_dir, temporary_folder
 from .emoji_catalogue import VENDORS, EmojiClass, emoji_classes, kind_of, read_catalogue, training_bases
 from .glyphs import data_home
+from .registry import register_dataset
 from .table import RetrievalTable, check_counts
 
 SOURCE_HOLDS = "the five packages' tarballs"
@@ -326,6 +328,7 @@ def _built_catalogue(root: Path, packages: Mapping[str, Package]) -> list[dict] 
 
 # ---------------------------------------------------------------------------------------------- the table
 
+@register_dataset("emoji", "folder")
 def load_emoji(path: str | Path | None = None, check: bool = True, skin: bool = False, root: str | Path | None = None,
                packages: Mapping[str, Package] | None = None, progress: bool = True) -> RetrievalTable:
     """The emoji table (``skin``: with the skin-tone variants), building ``root`` (default ``data_home()/emoji``)
@@ -369,3 +372,5 @@ def load_emoji(path: str | Path | None = None, check: bool = True, skin: bool = 
     check_counts(name, table, PUBLISHED[name], check)
     return table
 
+
+register_dataset("emoji-skin", "folder", functools.partial(load_emoji, skin=True))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import DataError
 from .images import IMAGE_EXTENSIONS
+from .registry import register_dataset
 from .table import RetrievalTable
 
 log = logging.getLogger("deepmetric")
@@ -33,6 +34,7 @@ def _half_split(labels: np.ndarray) -> np.ndarray:
     return np.where(np.isin(labels, train), "train", "test").astype(object)
 
 
+@register_dataset("folder", "folder")
 def load_folder(path: str | Path) -> RetrievalTable:
     """One sub-folder per class (images anywhere below it); sorted class names, first half train."""
     root = Path(path)
@@ -91,6 +93,7 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
         raise DataError(f"csv: {path} is not a readable CSV: {error}") from None
 
 
+@register_dataset("csv", "file")
 def load_csv(path: str | Path, skip_bad: bool = False) -> RetrievalTable:
     """A CSV with columns ``path,label,split`` and optional ``is_query,is_gallery``.
 
@@ -195,6 +198,7 @@ def _fashion_mnist_files(root: Path | None) -> tuple[np.ndarray, np.ndarray]:
     return _fashion_mnist_files(target)
 
 
+@register_dataset("fashion-mnist", "folder")
 def load_fashion_mnist(path: str | Path | None = None) -> RetrievalTable:
     """Fashion-MNIST, all 70,000 images: classes 0-4 train, 5-9 test."""
     images, labels = _fashion_mnist_files(Path(path) if path else None)
@@ -204,6 +208,7 @@ def load_fashion_mnist(path: str | Path | None = None) -> RetrievalTable:
                             is_gallery=ones, class_names=dict(enumerate(FASHION_MNIST_CLASSES)))
 
 
+@register_dataset("digits", "none")
 def load_digits() -> RetrievalTable:
     """scikit-learn's 1,797 8x8 handwritten digits (16 grey levels scaled to 0-255): 0-4 train, 5-9 test."""
     from sklearn.datasets import load_digits as sklearn_digits

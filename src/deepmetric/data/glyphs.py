@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io import temporary_folder
+from .registry import register_dataset
 from .table import RetrievalTable
 
 log = logging.getLogger("deepmetric")
@@ -167,6 +168,7 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     return root
 
 
+@register_dataset("glyphs", "built")
 def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = True) -> RetrievalTable:
     """Load (building first if needed) the glyphs table from folder ``path`` (default: the data home's
     ``glyphs``); a seeded random half of the characters trains."""

@@ -65,6 +65,7 @@ from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package, training
 from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors
 from .icons_render import Unreadable, render, renderer, renderer_version
 from .icons_themes import Drawing, Tree, archive_path, package_drawings, wanted_text
+from .registry import register_dataset
 from .table import RetrievalTable, check_counts
 
 SOURCE_HOLDS = "the icon themes' .deb files"
@@ -492,6 +493,7 @@ def read_catalogue(root: Path) -> list[dict[str, str]]:
     return rows
 
 
+@register_dataset("icons", "folder")
 def load_icons(path: str | Path | None = None, check: bool = True, root: str | Path | None = None,
                packages: Mapping[str, Package] | None = None, fetch: Fetcher | None = None,
                progress: bool = True) -> RetrievalTable:

@@ -12,7 +12,8 @@ generically and never asks which one it has. Per step::
 A generator owns its parameters and optimisers (the trainer's Adam never sees them), and its
 ``checkpoint_state`` / ``load_checkpoint_state`` hold everything needed for an exact ``--resume``
 (tensors for safetensors, the rest as JSON). ``write_diagnostics`` draws what the method wants to show,
-into the run directory, at the end of training. Register a class with ``register_generator``; it is
+into the run directory, at the end of training. Register a class with ``@GENERATORS.register(name)`` at the class
+(``register_generator``); it is
 built with the options of ``generator.options`` and, when its constructor asks for them, ``head``,
 ``num_classes`` (training classes), ``batch_size`` (real images per batch), ``lr`` (``train.lr``) and
 ``seed`` (``train.seed``).
@@ -20,13 +21,9 @@ built with the options of ``generator.options`` and, when its constructor asks f
 
 from __future__ import annotations
 
-from ..registry import Registry
-from .base import PROVIDED, GeneratedBatch, Generator
+from .base import GeneratedBatch, Generator
 from .mirage import MirageGenerator, MirageOptions
-
-GENERATORS: Registry[type[Generator]] = Registry("generator", provided=PROVIDED,
-                                                  options_of=lambda cls: cls.option_names())
-GENERATORS.register("mirage", MirageGenerator)  # thesis ch. 6
+from .registry import GENERATORS
 
 register_generator = GENERATORS.register
 check_generator_options = GENERATORS.check

@@ -62,6 +62,7 @@ from torch.func import functional_call
 from ..errors import ConfigError
 from ..models.heads import Head, HeadOutput
 from .base import GeneratedBatch, Generator
+from .registry import GENERATORS
 
 MODES = ("both", "tcg", "virtual", "none")
 
@@ -117,6 +118,7 @@ class MirageOptions:
                               f"{self.noise_std}, {self.virtual_fraction}")
 
 
+@GENERATORS.register("mirage")  # thesis ch. 6
 class MirageGenerator(Generator):
     """Thesis ch. 6's generator of training-class and virtual-class examples; its options are ``MirageOptions``'
     fields, given as keywords (``generator.options.<name>``)."""

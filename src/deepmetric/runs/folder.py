@@ -72,6 +72,10 @@ def flat_settings(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+CHECKPOINTS = ("auto", "best", "last")
+"""Which checkpoint of a run a command uses: ``auto`` is ``best`` when the run has one (it had a validation split),
+else ``last`` (``RunDir.checkpoint``)."""
+
 OWN_FOLDERS = ("checkpoints", "tensorboard")
 """Folders of a run that only the run writes (everything inside them is the run's)."""
 OWN_FILES = ("config.yaml", "metrics.jsonl", "metrics.json", "metrics-last.json", "metrics-all-embeddings.json",
@@ -255,7 +259,7 @@ class RunDir:
 
     def checkpoint(self, which: str = "auto") -> Path:
         """``best`` when it exists (or was asked for), else ``last``."""
-        if which not in ("auto", "best", "last"):
+        if which not in CHECKPOINTS:
             raise DeepMetricError(f"checkpoint must be auto, best or last, got '{which}'")
         if which in ("auto", "best") and self.best.is_file():
             return self.best

@@ -19,10 +19,8 @@ from ..devices import resolve_device
 from ..errors import CheckpointError, DataError
 from ..evaluation import EmbedSettings, embed_table
 from ..models import Embedder
-from .folder import RunDir
+from .folder import CHECKPOINTS, RunDir
 from .model import model_from_checkpoint
-
-CHECKPOINTS = ("auto", "best", "last")
 
 
 def check_batch_size(batch_size: Any) -> int | None:

@@ -1,29 +1,20 @@
-"""Head registry: ``HEADS`` names every ``Head`` subclass; a head is built with ``Head.from_backbone``."""
+"""The heads: ``HEADS`` names every ``Head`` subclass (each registers itself at its class, ``registry.py``); a head
+is built with ``Head.from_backbone``. Importing this package imports every head module, in the order ``HEADS``
+lists them: the baseline first, then the papers' heads."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...registry import Registry
 from ..backbones import Backbone
-from .abe import ABEHead, MHeadsHead
 from .base import Head, HeadOutput
-from .deml import DeMLHead
-from .dgml import AGroupingHead
-from .diablo import DIABLOHead
-from .gap import GAPHead
-from .grouping_baselines import CGroupingHead, GGroupingHead, MGroupingHead, NGroupingHead
-from .jcf import JCFHead
-from .second_order import SecondOrderHead
+from .registry import HEADS
+
+# isort: off
+from . import gap, diablo, abe, dgml, grouping_baselines, deml, second_order, jcf  # noqa: F401 (each registers its heads)
+# isort: on
 
 __all__ = ["HEADS", "Head", "HeadOutput", "build_head", "check_head_options", "head_class"]
-
-HEADS: Registry[type[Head]] = Registry("head", options_of=lambda cls: cls.option_names())
-for _name, _cls in {"gap": GAPHead, "diablo": DIABLOHead, "abe": ABEHead, "mheads": MHeadsHead,
-                    "dgml": AGroupingHead, "n-grouping": NGroupingHead, "m-grouping": MGroupingHead,
-                    "g-grouping": GGroupingHead, "c-grouping": CGroupingHead, "deml": DeMLHead,
-                    "bilinear": SecondOrderHead, "jcf": JCFHead}.items():
-    HEADS.register(_name, _cls)
 
 head_class = HEADS.get
 """The ``Head`` subclass named ``name``; an unknown name is refused with the nearest valid one."""

@@ -30,8 +30,10 @@ from ..backbones import Backbone
 from ..init import glorot_uniform_
 from .attention import MultiBranchHead, SigmoidMasks, copy_stages, phi_channels
 from .base import Head, HeadOutput, each_part, learner_dim
+from .registry import HEADS
 
 
+@HEADS.register("abe")
 class ABEHead(MultiBranchHead):
     metric_on = "parts"
     parts_reduction = "sum"
@@ -62,6 +64,7 @@ class ABEHead(MultiBranchHead):
                    glorot_embedding=True)
 
 
+@HEADS.register("mheads")
 class MHeadsHead(Head):
     """M-heads: ``b_m(x) = G_m(S(x))`` with a separate copy of the tail and final layer per head."""
 

@@ -40,6 +40,7 @@ from ..backbones import Backbone
 from .base import Head, HeadOutput, learner_dim
 from .deml_modules import ChannelAttention, DecoupledLearners
 from .deml_oam import attention_boxes, compose_boxes, crop_and_zoom, object_attention, paste
+from .registry import HEADS
 
 # Per backbone, the CAM insertion point and the OAM source layers of the paper (CAMs after pool3; OAM on
 # inception 4e + 5b) and of the released code (CAMs after inception 4b; OAM on 5b). Elsewhere the analogous
@@ -69,6 +70,7 @@ def _split_stages(tail: nn.Module, cut: str) -> tuple[nn.Sequential, nn.Sequenti
     return nn.Sequential(OrderedDict(stages[:index])), nn.Sequential(OrderedDict(stages[index:]))
 
 
+@HEADS.register("deml")
 class DeMLHead(Head):
     pretrained_modules = ("fnets", "gnets")
     metric_on = "parts"

@@ -37,8 +37,10 @@ from torch import nn
 from ...errors import ConfigError
 from .base import HeadOutput
 from .grouping import GroupingHead
+from .registry import HEADS
 
 
+@HEADS.register("dgml")
 class AGroupingHead(GroupingHead):
     has_attention_maps = True
 

@@ -36,8 +36,10 @@ from ...errors import ConfigError
 from ..attention_layouts import attention_layout
 from ..backbones import Backbone
 from .attention import DimensionWiseSelection, FeatureWiseSelection, MultiBranchHead, copy_stages, phi_channels
+from .registry import HEADS
 
 
+@HEADS.register("diablo")
 class DIABLOHead(MultiBranchHead):
     metric_on = "embedding"
     part_name = "entry"

@@ -25,8 +25,10 @@ from torch import nn
 
 from ..backbones import Backbone
 from .base import Head, HeadOutput
+from .registry import HEADS
 
 
+@HEADS.register("gap")
 class GAPHead(Head):
     pretrained_modules = ("tail",)
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from .base import HeadOutput
 from .grouping import GroupingHead
+from .registry import HEADS
 
 
 def pick_channel(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -30,6 +31,7 @@ def pick_channel(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return tensor.gather(2, index).squeeze(2)
 
 
+@HEADS.register("n-grouping")
 class NGroupingHead(GroupingHead):
     """No grouping: GAP -> Linear(C, D, no bias) -> l2 (the GAP baseline on F)."""
 
@@ -43,6 +45,7 @@ class NGroupingHead(GroupingHead):
         return self.grouped_output(self.embed(features.mean(dim=(2, 3)))[:, None])
 
 
+@HEADS.register("m-grouping")
 class MGroupingHead(GroupingHead):
     """Multi-linear: one Linear(C, P * D_V, no bias) on GAP, split into P groups."""
 
@@ -54,6 +57,7 @@ class MGroupingHead(GroupingHead):
         return self.grouped_output(self.embed(features.mean(dim=(2, 3))).unflatten(1, (self.groups, self.group_dim)))
 
 
+@HEADS.register("g-grouping")
 class GGroupingHead(GroupingHead):
     """Gated: per-group spatial-and-channel masks from a shared bottleneck (no sigmoid, as in the code)."""
 
@@ -75,6 +79,7 @@ class GGroupingHead(GroupingHead):
         return self.grouped_output(self.embed(pooled), attention=pick_channel(gated, strongest))
 
 
+@HEADS.register("c-grouping")
 class CGroupingHead(GroupingHead):
     """Channel attention: one squeeze-and-excitation block per group on the shared feature map."""
 

@@ -38,6 +38,7 @@ from ...errors import ConfigError
 from ..backbones import Backbone
 from ..high_order.matrix import signed_sqrt
 from .base import Head, HeadOutput, check_embedding_dim
+from .registry import HEADS
 from .second_order import reduction
 
 
@@ -61,6 +62,7 @@ def jcf_pool(x: torch.Tensor, g_left: torch.Tensor, g_right: torch.Tensor, u: to
     return (left * right).view(b, length, -1).sum(dim=1)
 
 
+@HEADS.register("jcf")
 class JCFHead(Head):
     def __init__(self, in_channels: int, embedding_dim: int = 512, codewords: int = 32, rank: int | None = None,
                  reduce_dim: int | None = 256, alpha: float | None = None, factorization: str = "jcf",

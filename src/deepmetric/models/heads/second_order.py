@@ -38,6 +38,7 @@ from ..high_order import HighOrderMoments
 from ..high_order.matrix import covariance, cross, matrix_power, newton_schulz_sqrt, second_order, signed_sqrt
 from ..high_order.sketch import TensorSketch
 from .base import Head, HeadOutput, check_embedding_dim
+from .registry import HEADS
 
 POOLINGS = ("second_order", "covariance", "bilinear")
 FACTORIZATIONS = ("none", "random_maclaurin", "tensor_sketch", "rank_one", "hpbp")
@@ -56,6 +57,7 @@ def reduction(in_channels: int, reduce_dim: int | None) -> tuple[nn.Module, int]
     return nn.Conv2d(in_channels, reduce_dim, 1, bias=False), reduce_dim
 
 
+@HEADS.register("bilinear")
 class SecondOrderHead(Head):
     def __init__(self, in_channels: int, embedding_dim: int = 512, pooling: str = "second_order",
                  factorization: str = "none", matrix_norm: str = "none", signed_sqrt: bool = True,
