@@ -8,6 +8,8 @@ from typing import Any
 
 LR_SCHEDULES = ("constant", "cosine", "step")
 """``train.lr_schedule`` choices (training/optim.py)."""
+AMP_MODES = ("fp16", "bf16")
+"""``train.amp`` choices besides ``false`` (training/precision.py); ``true`` is read as ``bf16``."""
 
 
 @dataclass
@@ -142,9 +144,13 @@ class TrainConfig:
     """Ask torch for deterministic kernels (slower on GPU; CPU kernels already are)."""
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
-    amp: bool = False
-    """Mixed precision: forward passes under bfloat16 autocast (weights, optimiser and losses stay float32); no
-    faster than float32 on CPU (docs/benchmarks.md), meant for GPUs."""
+    amp: bool | str = False
+    """Mixed precision of the training step's forward pass (``AMP_MODES``): ``bf16`` (bfloat16 autocast; ``true``
+    means the same), ``fp16`` (float16 autocast with a gradient scaler: the loss is scaled before the backward pass,
+    a step whose gradients overflow is skipped and the scale lowered, the skipped steps counted in the log) or
+    ``false`` (float32). Weights, optimiser and the objective (every loss and regulariser) stay float32. bf16 for GPUs
+    with fast bfloat16 (A100, H100), fp16 for those without (V100, T4); neither is faster than float32 on CPU
+    (docs/benchmarks.md). fp16 does not combine with ``generator.name`` (``training.precision``)."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
     compile: bool = False

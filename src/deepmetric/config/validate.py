@@ -12,6 +12,7 @@ from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 from ..errors import ConfigError
 from ..evaluation.engines import KNN_ENGINES
 from .sections import (
+    AMP_MODES,
     LR_SCHEDULES,
     DataConfig,
     EvalConfig,
@@ -127,7 +128,19 @@ def _validate_loss(loss: LossConfig) -> None:
         raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{loss.parts_reduction}'")
 
 
+def amp_mode(value: Any) -> str | bool:
+    """``train.amp`` as the trainer reads it: ``fp16``, ``bf16`` (``true`` too: the setting was a switch for
+    bfloat16 before fp16 came, and run folders keep ``amp: true``) or False; anything else is refused, naming the
+    choices."""
+    if isinstance(value, bool):
+        return "bf16" if value else False
+    if isinstance(value, str) and value.lower() in AMP_MODES:
+        return value.lower()
+    raise ConfigError(f"train.amp must be one of {', '.join(AMP_MODES)}, false (true means bf16), got {value!r}")
+
+
 def _validate_train(t: TrainConfig) -> None:
+    t.amp = amp_mode(t.amp)
     _at_least("train", t, 0, ("steps", "lr", "lr_backbone", "lr_loss", "weight_decay", "threads", "patience"))
     _seeds("train", t, ("seed",))
     _at_least("train", t, 1, ("eval_every", "checkpoint_every", "log_every"))
@@ -166,11 +179,15 @@ def _validate_eval(e: EvalConfig) -> None:
     _at_least("eval", e, 1, ("batch_size",))
 
 
-def _validate_generator(g: GeneratorConfig) -> None:
+def _validate_generator(g: GeneratorConfig, amp: str | bool = False) -> None:
     if g.name is not None:
         from ..generators import check_generator_options
 
         check_generator_options(g.name, g.options)
+        if amp == "fp16":  # (the trainer's scaler unscales the model's optimiser only)
+            raise ConfigError(f"train.amp=fp16 does not combine with generator.name={g.name}: the generator steps "
+                              "parameters of its own with gradients of the trainer's backward pass, which fp16's "
+                              "loss scale multiplies; use train.amp=bf16 or false")
     elif g.options:
         raise ConfigError("generator.options are set but generator.name is not (e.g. generator.name=mirage)")
 
@@ -211,7 +228,7 @@ def validate(config: RunConfig) -> None:
     _validate_loss(config.loss)
     _validate_eval(config.eval)
     _check_names(config)
-    _validate_generator(config.generator)
+    _validate_generator(config.generator, config.train.amp)
 
 
 def _check_names(config: RunConfig) -> None:

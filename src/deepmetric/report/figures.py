@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw
 from ..data.table import RetrievalTable
 from ..evaluation.knn import knn
 from ..render import figure_png, project_2d, projection_method
+from ..runs.folder import AMP_LOG_KEYS
 
 
 def _png(figure: Figure) -> bytes:
@@ -21,13 +22,18 @@ def _png(figure: Figure) -> bytes:
     return figure_png(figure)
 
 
+def loss_terms(steps: list[dict[str, Any]]) -> list[str]:
+    """The keys of the training records that are the loss or its terms (not the step, rate, speed or fp16's scaler
+    figures); a term that equals the total at every step (a single-term objective) would hide under its line."""
+    terms = [k for k in (steps[0] if steps else {}) if k not in ("step", "lr", "images_per_s", *AMP_LOG_KEYS)]
+    return [k for k in terms if k == "loss" or any(r.get(k) != r["loss"] for r in steps)]
+
+
 def training_curves(log: list[dict[str, Any]]) -> bytes:
     """Every logged loss term against the step, and the validation metrics beside them."""
     steps = [r for r in log if "loss" in r]
     validation = [r for r in log if r.get("split") == "val"]
-    terms = [k for k in (steps[0] if steps else {}) if k not in ("step", "lr", "images_per_s")]
-    # a term that equals the total at every step (a single-term objective) would hide under its line
-    terms = [k for k in terms if k == "loss" or any(r.get(k) != r["loss"] for r in steps)]
+    terms = loss_terms(steps)
     figure = Figure(figsize=(11 if validation else 6, 3.6), dpi=100)
     axes = figure.subplots(1, 2 if validation else 1, squeeze=False)
     for term in terms:

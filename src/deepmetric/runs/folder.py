@@ -84,6 +84,9 @@ OWN_FILES = ("config.yaml", "metrics.jsonl", "metrics.json", "metrics-last.json"
 """Files at the top of a run that the run writes (training, ``evaluate``, ``report``), there yet or not."""
 OWN_PATTERNS = ("mirage-*.png", "*.safetensors")
 """Names of other files the run writes at its top (an example generator's pictures) or reads (checkpoints)."""
+AMP_LOG_KEYS = ("skipped_steps", "loss_scale")
+"""What a ``train.amp=fp16`` run adds to each training record of ``metrics.jsonl`` (the steps its gradient scaler
+skipped so far, the scale): figures beside the loss and its terms, as ``lr`` and ``images_per_s`` are."""
 
 
 class RunDir:

@@ -3,8 +3,9 @@ logs, also written as event files to ``RUN/tensorboard/`` with ``torch.utils.ten
 do. ``metrics.jsonl`` and the HTML report are unchanged; the event files are a view for TensorBoard.
 
 Tags: ``loss/total`` and ``loss/<term>`` (the objective's terms, unweighted), ``lr/<group>`` (every optimiser group),
-``speed/images_per_s``, ``val/<metric>``. A resumed session purges the events after its checkpoint's step, which the
-killed session may have written, as the log is truncated there.
+``speed/images_per_s``, ``val/<metric>``, and with ``train.amp=fp16`` ``amp/skipped_steps`` and ``amp/loss_scale``.
+A resumed session purges the events after its checkpoint's step, which the killed session may have written, as the
+log is truncated there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from ..config import check_tensorboard
 from ..errors import DeepMetricError
+from ..runs.folder import AMP_LOG_KEYS
 
 
 class TensorBoardScalars:
@@ -37,7 +39,9 @@ class TensorBoardScalars:
         step = record["step"]
         self.writer.add_scalar("loss/total", record["loss"], step)
         for key, value in record.items():
-            if key not in ("step", "loss", "lr", "images_per_s"):
+            if key in AMP_LOG_KEYS:
+                self.writer.add_scalar(f"amp/{key}", value, step)
+            elif key not in ("step", "loss", "lr", "images_per_s"):
                 self.writer.add_scalar(f"loss/{key}", value, step)
         for group in optimizer.param_groups:
             self.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], step)

@@ -48,6 +48,7 @@ from ..runs.folder import RunDir
 from ..runs.table import load_table
 from .compiled import training_forward
 from .optim import apply_schedule, build_optimizer
+from .precision import Precision
 from .scalars import TensorBoardScalars
 from .setup import build_model, seed_everything, untrained_baseline
 from .signals import stop_on_signals
@@ -75,16 +76,22 @@ class TrainResult:
     """Whether the selected checkpoint ranks above the untrained backbone on validation (``selection_key``)."""
 
 
+def _last_good(run: RunDir) -> str:
+    return f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
+
+
 def _check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir,
-                  every_term: bool = False) -> None:
+                  every_term: bool = False, amp: str | bool = False) -> None:
     """Stop on a NaN/Inf loss (or, with ``every_term``, any term), naming the step and the first non-finite term;
-    ``last`` stays the last good one."""
+    ``last`` stays the last good one. (Under fp16 the loss is finite on a step the gradient scaler skips: its
+    overflow is in the backward pass; an infinite loss is an overflow of the forward pass, which no scale helps.)"""
     if torch.isfinite(loss) and not (every_term and not all(torch.isfinite(v) for v in terms.values())):
         return
     bad = next((name for name, value in terms.items() if not torch.isfinite(value)), "total")
     value = float(terms.get(bad, loss).detach())
-    where = f"the last good checkpoint is {run.last}" if run.last.is_file() else "no checkpoint was written yet"
-    raise TrainingError(f"step {step}: the loss term '{bad}' is {value}; training stopped ({where}).")
+    hint = (" (train.amp=fp16: the forward pass may have overflowed float16, whose range ends at 65,504; "
+            "train.amp=bf16 keeps float32's range)" if amp == "fp16" else "")
+    raise TrainingError(f"step {step}: the loss term '{bad}' is {value}{hint}; training stopped ({_last_good(run)}).")
 
 
 CONSTANT_LOSS_STEPS = 50
@@ -144,6 +151,8 @@ class Session:
     """The training classes, sorted; batches carry their indices (per-class loss parameters index by these)."""
     objective: Objective
     optimizer: torch.optim.Optimizer
+    precision: Precision
+    """``train.amp``: the forward's autocast, the objective in float32, fp16's gradient scaler."""
     generator: Generator | None = None
     sampler: PKSampler | None = None
     start_step: int = 0
@@ -184,6 +193,8 @@ def _save_last(session: Session, step: int) -> None:
     if generator is not None:
         generator_tensors, state["generator"] = generator.checkpoint_state()
         tensors.update(prefixed("generator", generator_tensors))
+    if session.precision.scaler is not None:
+        state["amp"] = session.precision.state()
     save_checkpoint(session.run.last, tensors, state)
 
 
@@ -228,7 +239,8 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
 
 
 def _resume(session: Session) -> None:
-    """Load ``last`` into the session: model, objective, optimiser, generator, RNG, step and best."""
+    """Load ``last`` into the session: model, objective, optimiser, fp16's gradient scaler, generator, RNG, step
+    and best."""
     run, generator = session.run, session.generator
     tensors, state = load_checkpoint(run.last)
     if generator is not None:
@@ -239,6 +251,7 @@ def _resume(session: Session) -> None:
     session.model.load_state_dict(unprefixed("model", tensors))
     session.objective.load_state_dict(unprefixed("objective", tensors))
     optimizer_from_flat(session.optimizer, unprefixed("optim", tensors), state["optimizer"])
+    session.precision.load_state(state.get("amp"))
     torch.set_rng_state(tensors["rng.torch"])
     cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
     if cuda_states and torch.cuda.is_available():
@@ -331,7 +344,7 @@ def _build_session(config: RunConfig, run: RunDir, context: DistContext, device:
     if generator is not None:
         generator.to(device)
     session = Session(config, run, context, device, progress, model, table, train_part, classes, objective,
-                      optimizer, generator)
+                      optimizer, Precision(config.train.amp, device), generator)
     if resume:
         _resume(session)
     t, d = config.train, config.data
@@ -431,7 +444,7 @@ def _loop(session: Session) -> TrainResult:
     validation, checkpoints; a signal stops it after a checkpoint."""
     config, run, context, device = session.config, session.run, session.context, session.device
     model, objective, optimizer, generator = session.model, session.objective, session.optimizer, session.generator
-    t, progress, start_step = config.train, session.progress, session.start_step
+    t, progress, start_step, precision = config.train, session.progress, session.start_step, session.precision
     has_val = session.table.count("val") > 0
     trained = model
     if context.enabled:
@@ -448,7 +461,6 @@ def _loop(session: Session) -> TrainResult:
         dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
                                labels=labels)
         batches = iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.amp)
 
     started = time.perf_counter()
     window_start, window_images, smoothed = time.perf_counter(), 0, None
@@ -466,18 +478,17 @@ def _loop(session: Session) -> TrainResult:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
             objective.set_step(step)
-            with autocast:
+            with precision.autocast():
                 output = forward(images)
-            if t.amp:
-                output = output.float()  # the objective computes in float32 (HeadOutput.float)
+            output = precision.float32(output)  # the objective (and a generator) compute in float32
             if context.enabled:  # the objective sees the whole global batch, on every rank
                 output, labels = gather_output(output, len(images)), gather_labels(labels)
             generated = generator.generate(output, labels) if generator is not None else None
-            loss, terms = objective(output, labels, generated.rows() if generated is not None else None)
-            _check_finite(loss, terms, step + 1, run)
+            loss, terms = precision.objective(objective, output, labels,
+                                              generated.rows() if generated is not None else None)
+            _check_finite(loss, terms, step + 1, run, amp=precision.mode)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            precision.backward_and_step(loss, optimizer, step + 1, lambda: _last_good(run))  # fp16: may skip it
             if generator is not None:
                 terms.update(generator.step(output, labels))
                 _check_finite(loss, terms, step + 1, run, every_term=True)
@@ -493,7 +504,7 @@ def _loop(session: Session) -> TrainResult:
             if context.is_main and (done % t.log_every == 0 or done == t.steps):
                 rate = window_images / max(time.perf_counter() - window_start, 1e-9)
                 record = {"step": done, "loss": value, **{k: float(v.detach()) for k, v in terms.items()},
-                          "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate}
+                          "lr": optimizer.param_groups[0]["lr"], "images_per_s": rate, **precision.log_fields()}
                 run.append_log(record)
                 if session.scalars is not None:
                     session.scalars.training(record, optimizer)
@@ -520,6 +531,9 @@ def _loop(session: Session) -> TrainResult:
                 raise TrainingInterrupted(signum, f"{signal.Signals(signum).name} received: stopped after step {done}, "
                                           f"checkpoint written to {run.last}; continue with --resume")
     bar.close()
+    if precision.scaler is not None and context.is_main:
+        log.info("train.amp=fp16: %d step(s) of the run skipped for overflowing gradients; loss scale %g",
+                 precision.skipped, precision.scaler.get_scale())
     if context.is_main and start_step >= t.steps and not run.last.is_file():
         _save_last(session, start_step)
     if generator is not None and context.is_main:

@@ -53,7 +53,7 @@ class HeadOutput:
         return HeadOutput(**{f.name: apply(getattr(self, f.name)) for f in fields(self)})
 
     def float(self) -> HeadOutput:
-        """Every floating tensor in float32 (differentiably). After a forward pass under bfloat16 autocast
+        """Every floating tensor in float32 (differentiably). After a forward pass under bfloat16 or float16 autocast
         (``train.amp``) the objective gets these, so losses and regularisers are computed in float32."""
         return self.map_tensors(lambda t: t.float() if t.is_floating_point() else t)
 
