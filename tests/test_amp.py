@@ -125,7 +125,7 @@ class InfGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.full(ctx.shape, float("inf"), dtype=grad.dtype)
+        return torch.full(ctx.shape, float("inf"), dtype=grad.dtype, device=grad.device)
 
 
 class InfAtSteps(torch.nn.Module):

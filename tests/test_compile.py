@@ -104,3 +104,23 @@ def test_an_error_of_the_model_itself_is_not_taken_for_a_compile_failure():
     with pytest.raises(ValueError, match="a bug of the model"):
         forward(torch.zeros(1))
     assert forward.active
+
+
+def test_fp16_compiles_and_trains_as_the_eager_fp16_run(tmp_path, caplog):
+    """``train.amp=fp16`` with ``train.compile``: the forward pass is compiled under float16 autocast, the scaler
+    works outside the compiled graph; the losses and the steps the scaler skipped are the eager run's."""
+    from torch._dynamo.utils import counters
+
+    caplog.set_level(logging.WARNING, logger="deepmetric")
+    settings = {"steps": 10, "log_every": 1, "amp": "fp16"}
+    train(tiny_config(train=settings), tmp_path / "eager", progress=False)
+    counters.clear()
+    train(tiny_config(train={**settings, "compile": True}), tmp_path / "compiled", progress=False)
+    assert "cannot be compiled" not in caplog.text and counters["stats"]["unique_graphs"] >= 1
+    logs = {}
+    for run in ("eager", "compiled"):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        logs[run] = [record for record in map(json.loads, lines) if "loss" in record]
+    assert [r["skipped_steps"] for r in logs["compiled"]] == [r["skipped_steps"] for r in logs["eager"]]
+    assert 0 < logs["eager"][-1]["skipped_steps"] < 10  # steps were both skipped and taken
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-3, abs=1e-4)

@@ -1,7 +1,8 @@
 """Every registered plug-in on a CUDA device (skipped where torch sees none): each head with its paper's
 regularisers, each loss, each regulariser not tied to a head and the generator trains a few steps on the GPU, in
-float32 and under bfloat16 autocast (``train.amp``), and its checkpoint evaluates to the same figures as
-``deepmetric evaluate``; a run stopped and resumed on the GPU ends where an uninterrupted one does.
+float32, under bfloat16 autocast and under float16 autocast with the gradient scaler (``train.amp``; the generator
+refuses fp16), and its checkpoint evaluates to the same figures as ``deepmetric evaluate``; a run stopped and
+resumed on the GPU ends where an uninterrupted one does, an fp16 one with its scaler's state.
 
 The CPU runs of the same cases are in ``test_resume.py`` and ``test_training.py``; these tests exist because the
 GPU paths (device placement of every tensor a plug-in makes, the CUDA RNG state in checkpoints, autocast on CUDA,
@@ -17,6 +18,7 @@ import os
 import pytest
 import torch
 
+from deepmetric.errors import ConfigError
 from deepmetric.losses import LOSSES, REGULARIZERS
 from deepmetric.models.heads import HEADS
 from helpers import assert_resumed_exactly, make_table, tiny_config, train_straight_and_resumed
@@ -55,7 +57,7 @@ def test_every_regulariser_has_a_case():
     assert set(REGULARIZER_HEADS) == set(REGULARIZERS.names())
 
 
-@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bf16"])
+@pytest.mark.parametrize("amp", [False, "bf16", "fp16"], ids=["float32", "bf16", "fp16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_plug_in_trains_on_cuda_and_evaluates(tmp_path, case, amp):
     from deepmetric.training import train
@@ -63,6 +65,10 @@ def test_every_plug_in_trains_on_cuda_and_evaluates(tmp_path, case, amp):
 
     if "pml" in case:
         pytest.importorskip("pytorch_metric_learning")
+    if amp == "fp16" and "generator" in CASES[case]:
+        with pytest.raises(ConfigError, match="train.amp=fp16 does not combine with generator.name"):
+            tiny_config(**_on_cuda(CASES[case], steps=STEPS, amp=amp))
+        return
     config = tiny_config(**_on_cuda(CASES[case], steps=STEPS, amp=amp))
     train(config, tmp_path / "run", progress=False)
     log = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -109,3 +115,46 @@ def test_the_image_cache_lives_on_the_gpu_and_its_crops_are_the_cpus(tmp_path):
     straight, resumed, _ = train_straight_and_resumed(tmp_path, **_on_cuda({"data": {"cache": True}},
                                                                            deterministic=True))
     assert_resumed_exactly(straight, resumed, 4)
+
+
+@pytest.mark.parametrize("case", ["gap", "abe", "deml", "horde"])
+def test_an_fp16_run_resumed_on_cuda_ends_where_an_uninterrupted_one_ends(tmp_path, case):
+    """fp16 on the GPU: the CUDA gradient scaler's state comes back from ``last``; 10 steps against 5 + resume, with
+    steps both skipped and taken before the stop (the tiny trunk's first gradients overflow float16 at 2^16)."""
+    straight, resumed, interrupted = train_straight_and_resumed(
+        tmp_path, 10, 5, **_on_cuda(RESUME_CASES[case], deterministic=True, amp="fp16"))
+    assert_resumed_exactly(straight, resumed, 10)
+    assert 0 < interrupted[1]["amp"]["skipped_steps"] <= straight[1]["amp"]["skipped_steps"]
+
+
+def test_the_cuda_scaler_skips_a_step_with_an_inf_gradient_and_counts_it():
+    from deepmetric.training.precision import Precision
+    from test_amp import InfGradient
+
+    device = torch.device("cuda")
+    model = torch.nn.Linear(4, 2).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    precision = Precision("fp16", device)
+    assert not precision.backward_and_step(InfGradient.apply(model(torch.ones(3, 4, device=device))), optimizer, 1)
+    assert torch.equal(before, model.weight) and not optimizer.state
+    assert precision.log_fields() == {"skipped_steps": 1, "loss_scale": 2.0**15}
+    optimizer.zero_grad()
+    assert precision.backward_and_step(model(torch.ones(3, 4, device=device)).sum(), optimizer, 2)
+    assert not torch.equal(before, model.weight) and precision.skipped == 1
+
+
+def test_a_loss_that_overflows_float16_trains_finite_under_fp16_on_cuda(tmp_path):
+    """The objective runs in float32 on the GPU too: ``exp(35 s)`` (infinite in float16) gives finite losses."""
+    from deepmetric.training import train
+    from test_amp import ExpSum
+
+    LOSSES.register("exp-sum", ExpSum)
+    try:
+        train(tiny_config(loss={"name": "exp-sum"}, train={"device": "cuda", "steps": 3, "amp": "fp16"}),
+              tmp_path / "run", progress=False)
+    finally:
+        LOSSES.unregister("exp-sum")
+    log = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)

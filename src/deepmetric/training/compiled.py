@@ -4,7 +4,9 @@ Only the training step's forward (and so its backward) is compiled: ``torch.comp
 ``DistributedDataParallel`` wrapper) in a new callable that shares its parameters, so the checkpoint, resume,
 validation, evaluation and export all see the plain module, its state-dict keys unchanged. The objective is not
 compiled: the metric losses build their pair masks from the labels of each batch (data-dependent shapes), where
-dynamo breaks the graph at every mask and gains nothing.
+dynamo breaks the graph at every mask and gains nothing. Under ``train.amp`` the compiled forward is traced under the
+autocast around it (bf16 or fp16); fp16's gradient scaler acts on the loss and the optimiser, outside the graph
+(``tests/test_compile.py``: an fp16 compiled run skips the eager run's steps and has its losses).
 
 A model that cannot be compiled (an operation dynamo does not support, a backend that fails, no C++ compiler for
 inductor on a CPU) fails at its first call: the step is then taken eagerly, with one warning naming the reason,
