@@ -253,3 +253,24 @@ def test_fp16_may_start_or_stop_at_a_resume(tmp_path, caplog):
     assert "the checkpoint's fp16 gradient scaler is not used: this session trains with train.amp=bf16" in caplog.text
     assert "amp" not in checkpoint(tmp_path / "run/checkpoints/last.safetensors")[1]
     assert "skipped_steps" not in training_log(tmp_path / "run")[-1]
+
+
+def test_two_fp16_processes_skip_the_steps_one_process_skips(tmp_path):
+    """Under torch.distributed every rank's scaler sees the summed gradients, so the ranks skip the same steps (a
+    rank stepping alone would leave the replicas apart, and rank 0's losses, computed on the gathered batch, with
+    them) and the run is the one-process run's, up to float16 rounding: the weights' difference is a small fraction
+    of what training moved them (Adam turns the rounding noise of near-zero gradients into steps of lr)."""
+    from deepmetric.training.launch import launch
+
+    config = tiny_config(train={"steps": 10, "threads": 1, "amp": "fp16"}, loss={"name": "margin"})
+    train(config, tmp_path / "one", progress=False)
+    launch(config, tmp_path / "two", nproc=2, progress=False)
+    train(tiny_config(train={"steps": 0}, loss={"name": "margin"}), tmp_path / "built", progress=False)
+    (a, a_state), (b, b_state), (built, _) = (checkpoint(tmp_path / run / "checkpoints/last.safetensors")
+                                              for run in ("one", "two", "built"))
+    assert a_state["amp"] == b_state["amp"] and 0 < a_state["amp"]["skipped_steps"] < 10
+    one, two = training_log(tmp_path / "one"), training_log(tmp_path / "two")
+    assert [r["skipped_steps"] for r in one] == [r["skipped_steps"] for r in two]
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-2)
+    for key in (k for k in a if k.startswith("model.") and a[k].is_floating_point()):
+        assert (a[key] - b[key]).norm() <= 0.05 * (a[key] - built[key]).norm(), key
