@@ -10,8 +10,8 @@ a change (``git worktree add /tmp/before <commit>``) and the working tree.
 
     .venv/bin/python benchmarks/import_time.py --src /tmp/before/src --src src [--rounds 7]
 
-Prints a table and writes benchmarks/results/import_time.json (milliseconds, ratios to the reference, and the
-deepmetric packages each import loads).
+Prints a table and writes benchmarks/results/import_time.json (milliseconds, ratios to the reference, the number of
+modules each import loads, which does not depend on the machine's load, and the deepmetric packages among them).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def import_ms(module: str, src: str) -> tuple[float, list[str]]:
     """Milliseconds a fresh interpreter spends importing ``module`` (``-X importtime``'s cumulative time of the
     top-level imports) with ``src`` first on the path, and the deepmetric packages it loaded."""
     code = (f"import {module}, sys\n"
-            "print(' '.join(sorted({n.split('.')[1] for n in sys.modules if n.startswith('deepmetric.')})))")
+            "print(len(sys.modules), "
+            "' '.join(sorted({n.split('.')[1] for n in sys.modules if n.startswith('deepmetric.')})))")
     env = {**os.environ, "PYTHONPATH": src}
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
                           env=env, check=True)
@@ -45,7 +46,7 @@ def import_ms(module: str, src: str) -> tuple[float, list[str]]:
         _, cumulative, name = line.removeprefix("import time:").split("|")
         if not name.startswith("  "):  # a top-level import (nested ones are indented and inside it)
             total_us += int(cumulative)
-    return total_us / 1000, done.stdout.split()
+    return total_us / 1000, done.stdout.split()  # [modules loaded, deepmetric packages...]
 
 
 def main() -> None:
@@ -70,12 +71,13 @@ def main() -> None:
             median = statistics.median(times[(tree, module)])
             rows.append({"src": tree, "module": module, "median_ms": round(median, 1),
                          "reference_ms": round(reference, 1), "ratio_to_reference": round(median / reference, 3),
-                         "trainer_loaded": "training" in loaded[(tree, module)],
-                         "deepmetric_packages": loaded[(tree, module)]})
-    print(f"{'source tree':40s} {'module':32s} {'ms':>8s} {'÷ torch+tv':>10s}  trainer")
+                         "modules_loaded": int(loaded[(tree, module)][0]),
+                         "trainer_loaded": "training" in loaded[(tree, module)][1:],
+                         "deepmetric_packages": loaded[(tree, module)][1:]})
+    print(f"{'source tree':40s} {'module':32s} {'ms':>8s} {'÷ torch+tv':>10s} {'modules':>8s}  trainer")
     for row in rows:
         print(f"{row['src'][-40:]:40s} {row['module']:32s} {row['median_ms']:8.1f} {row['ratio_to_reference']:10.3f}"
-              f"  {'loaded' if row['trainer_loaded'] else '-'}")
+              f" {row['modules_loaded']:8d}  {'loaded' if row['trainer_loaded'] else '-'}")
     write_result(args.out, {"benchmark": "import_time", "reference": f"import {REFERENCE}", "rounds": args.rounds,
                             "rows": rows, "environment": environment()})
     print(json.dumps({"written": args.out}))

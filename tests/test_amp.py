@@ -195,9 +195,9 @@ def test_skipped_steps_are_logged_and_do_not_stop_the_run_until_too_many_in_a_ro
 
 
 def test_an_infinite_loss_under_fp16_says_the_forward_pass_may_have_overflowed(tmp_path, monkeypatch):
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.precision as precision
 
-    monkeypatch.setattr(trainer.Precision, "objective",
+    monkeypatch.setattr(precision.Precision, "objective",
                         lambda self, objective, output, labels, generated=None: (
                             torch.tensor(float("inf")), {"metric": torch.tensor(float("inf"))}))
     with pytest.raises(TrainingError, match=r"step 1: the loss term 'metric' is inf \(train.amp=fp16: the forward "

@@ -14,7 +14,8 @@ from deepmetric.cli import main
 from deepmetric.data.table import RetrievalTable
 from deepmetric.training import train
 from deepmetric.training.auto_recipe import as_layer, auto_recipe, image_size, validation_classes
-from deepmetric.training.trainer import TrainResult, beats_backbone
+from deepmetric.training.selection import beats_backbone
+from deepmetric.training.trainer import TrainResult
 from helpers import tiny_config
 
 
@@ -140,7 +141,7 @@ def test_patience_stops_a_run_that_no_longer_improves_and_it_stays_stopped_when_
 def test_select_by_map_at_r_ranks_checkpoints_by_map_at_r_first():
     from deepmetric.config import build_config
     from deepmetric.errors import ConfigError
-    from deepmetric.training.trainer import selection_key
+    from deepmetric.training.selection import selection_key
 
     coarse, smooth = {"recall@1": 0.70, "map@r": 0.33, "r_precision": 0.40}, {"recall@1": 0.65, "map@r": 0.38,
                                                                                 "r_precision": 0.41}

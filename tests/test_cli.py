@@ -456,11 +456,11 @@ def test_train_refuses_a_missing_data_path_before_the_weights_or_the_model(tmp_p
     """Issue item 28: ``train --config abe/cub-abe8 --data cub:/nonexistent`` fetched GoogLeNet's weights first (16 s,
     then failed offline), then said "expected images.txt". The data path is checked before anything slow, for every
     spec that takes a path."""
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.session as session
 
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
     built = []
-    monkeypatch.setattr(trainer, "build_model", lambda config: built.append(config))
+    monkeypatch.setattr(session, "build_model", lambda config: built.append(config))
     missing = tmp_path / "nonexistent"
     spec = spec.format(missing=missing)
     name, _, path = spec.partition(":")
@@ -473,13 +473,13 @@ def test_train_refuses_a_missing_data_path_before_the_weights_or_the_model(tmp_p
 
 def test_train_from_python_checks_the_data_path_before_the_run_folder_or_the_model(tmp_path, monkeypatch,
                                                                                    no_weights):
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.session as session
     from deepmetric.errors import DataError
     from deepmetric.training import train
     from helpers import tiny_config
 
     built = []
-    monkeypatch.setattr(trainer, "build_model", lambda config: built.append(config))
+    monkeypatch.setattr(session, "build_model", lambda config: built.append(config))
     config = tiny_config(data={"spec": f"cub:{tmp_path / 'nonexistent'}"}, model={"backbone": "googlenet",
                                                                                    "pretrained": True})
     with pytest.raises(DataError, match=f"^cub: no such folder: {tmp_path / 'nonexistent'}$"):

@@ -197,12 +197,12 @@ BAD_LOSSES = [  # (loss section, what the message names)
 
 @pytest.mark.parametrize(("loss", "named"), BAD_LOSSES, ids=[str(b[0]) for b in BAD_LOSSES])
 def test_a_loss_that_fails_on_a_trial_batch_is_refused_before_any_image_or_file(tmp_path, loss, named, monkeypatch):
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.session as session
 
     def no_images(*args, **kwargs):
         raise AssertionError("the data were read before the loss was tried")
 
-    monkeypatch.setattr(trainer, "load_table", no_images)
+    monkeypatch.setattr(session, "load_table", no_images)
     with pytest.raises(ConfigError, match=named) as caught:
         train(tiny_config(loss={"regularizers": {}, **loss}), tmp_path / "run", progress=False)
     assert "fails on a trial batch: " in str(caught.value) or "cannot be built: " in str(caught.value)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepmetric.models.heads import HEADS
-from deepmetric.training.trainer import selection_key
+from deepmetric.training.selection import selection_key
 from helpers import assert_resumed_exactly, checkpoint, train_straight_and_resumed
 
 STEPS, STOP = 4, 2

@@ -234,9 +234,9 @@ def test_amp_runs_the_forward_in_bfloat16_and_hands_the_objective_float32(tmp_pa
 def record_conv_layouts(monkeypatch) -> list[tuple[str, bool]]:
     """Make the trainer's model record, at every convolution it runs, whether its input and its weight are stored
     channels-last (NHWC); tensors whose two layouts coincide (one channel, or 1 x 1 maps) are not recorded."""
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.session as session
 
-    seen, build = [], trainer.build_model
+    seen, build = [], session.build_model
 
     def layout(kind: str, t: torch.Tensor) -> None:
         nhwc, nchw = t.is_contiguous(memory_format=torch.channels_last), t.is_contiguous()
@@ -251,7 +251,7 @@ def record_conv_layouts(monkeypatch) -> list[tuple[str, bool]]:
                                                                   layout("weight", m.weight)) and None)
         return model
 
-    monkeypatch.setattr(trainer, "build_model", recording_build)
+    monkeypatch.setattr(session, "build_model", recording_build)
     return seen
 
 
@@ -400,13 +400,13 @@ def test_temporaries_left_by_a_killed_write_are_removed_on_the_next_start(tmp_pa
 
 def test_the_model_and_its_weights_are_checked_before_any_image_is_read(tmp_path, monkeypatch):
     """A missing weight file was found only after the whole image audit (minutes on SOP); it names its source."""
-    import deepmetric.training.trainer as trainer
+    import deepmetric.training.session as session
     from deepmetric.errors import CheckpointError
 
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read before the model was built")
 
-    monkeypatch.setattr(trainer, "load_table", no_data)
+    monkeypatch.setattr(session, "load_table", no_data)
     config = tiny_config(train={"steps": 1}, model={"backbone": "bn-inception", "pretrained": False,
                                                     "weights": str(tmp_path / "bn_inception.pth"), "head": "gap"})
     with pytest.raises(CheckpointError, match="bn_inception.pth .model.weights. do not exist; it is the BN-Inception "
@@ -511,7 +511,7 @@ def test_a_loss_that_stays_exactly_constant_is_reported_once(tmp_path, monkeypat
 
 
 def test_the_constant_loss_watch_counts_consecutive_equal_values_only():
-    from deepmetric.training.trainer import ConstantLoss
+    from deepmetric.training.monitor import ConstantLoss
 
     watch = ConstantLoss(steps=3)
     said = [watch.update(step, value) for step, value in enumerate([1.0, 0.5, 0.5, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0], 1)]

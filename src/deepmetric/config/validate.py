@@ -36,7 +36,7 @@ accepted and started."""
 
 
 SELECT_BY = {"recall@1": "Recall@1", "map@r": "MAP@R"}
-"""What ``train.select_by`` may name (``training.trainer.selection_key``), and how what a run says names it."""
+"""What ``train.select_by`` may name (``training.selection.selection_key``), and how what a run says names it."""
 
 
 def _at_least(section: str, values: Any, minimum: float, names: tuple[str, ...]) -> None:

@@ -3,7 +3,7 @@ variant's declared space (``search_space``) on the validation classes only, ``tu
 
 A trial is a training run (the study's settings, the variant's overrides, then the trial's values) in
 ``<out>/trials/<variant>/<number>``; it is trained, never tested: its score is ``tune.objective`` on the validation
-classes at the checkpoint the library selects (``training.trainer.selection_key``: the best validation Recall@1, ties
+classes at the checkpoint the library selects (``training.selection.selection_key``: the best validation Recall@1, ties
 by MAP@R then R-precision). A trial whose training stops on a non-finite loss scores what it reached before (0 with no
 validation yet) and counts: a rate that diverges is an answer of the search, and every variant keeps its budget.
 
@@ -39,7 +39,7 @@ from ..errors import ConfigError, RunInUse, TrainingError
 from ..io import atomic_write_bytes, atomic_write_text, load_json
 from ..runs.folder import RunDir
 from ..training import train
-from ..training.trainer import selection_key
+from ..training.selection import selection_key
 from .record import record_lock, write_manifest
 from .search_space import TuneSpec
 from .spec import StudySpec
