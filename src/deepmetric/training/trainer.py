@@ -184,6 +184,10 @@ def _save_last(session: Session, step: int) -> None:
     if generator is not None:
         generator_tensors, state["generator"] = generator.checkpoint_state()
         tensors.update(prefixed("generator", generator_tensors))
+    memory_tensors, memory_state = objective.checkpoint_state()  # a cross-batch memory (loss.memory), if any
+    if memory_state is not None:
+        tensors.update(prefixed("memory", memory_tensors))
+        state["memory"] = memory_state
     save_checkpoint(session.run.last, tensors, state)
 
 
@@ -228,7 +232,8 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
 
 
 def _resume(session: Session) -> None:
-    """Load ``last`` into the session: model, objective, optimiser, generator, RNG, step and best."""
+    """Load ``last`` into the session: model, objective (its cross-batch memory too), optimiser, generator, RNG, step
+    and best."""
     run, generator = session.run, session.generator
     tensors, state = load_checkpoint(run.last)
     if generator is not None:
@@ -238,6 +243,7 @@ def _resume(session: Session) -> None:
         generator.load_checkpoint_state(unprefixed("generator", tensors), state["generator"])
     session.model.load_state_dict(unprefixed("model", tensors))
     session.objective.load_state_dict(unprefixed("objective", tensors))
+    session.objective.load_checkpoint_state(unprefixed("memory", tensors), state.get("memory"))
     optimizer_from_flat(session.optimizer, unprefixed("optim", tensors), state["optimizer"])
     torch.set_rng_state(tensors["rng.torch"])
     cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
