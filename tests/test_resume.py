@@ -1,8 +1,8 @@
 """Exact resumption, for every head and every regulariser: N steps in one run end with the model, optimiser,
 objective and generator state of k steps, a stop, and ``--resume`` to N (tiny backbone, CPU). The sampler, the
 heads' data-dependent initialisation (JCF's codewords, DGML's ...), the loss's own parameters (margin's beta),
-HORDE's projections, DeML's adversary and MIRAGE's generator, discriminator and noise stream must all come back
-from the checkpoint for this to hold."""
+HORDE's projections, DeML's adversary, MIRAGE's generator, discriminator and noise stream, and the cross-batch
+memory must all come back from the checkpoint for this to hold."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ CASES.update({
     "deml-hinge": {"model": DEML, "loss": {"regularizers": {"deml-hinge": {"weight": 0.2}}}},
     "margin-per-class": {"loss": {"name": "margin", "options": {"per_class": True}}},
     "mirage": {"generator": {"name": "mirage", "options": {"diagnostic_images": 0}}},
+    "memory": {"loss": {"memory": {"size": 30, "warmup_steps": 1}}},  # XBM: its rows and counters (test_memory.py)
 })
 
 

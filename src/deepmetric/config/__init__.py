@@ -23,6 +23,7 @@ from .sections import (
     EvalConfig,
     GeneratorConfig,
     LossConfig,
+    MemoryConfig,
     ModelConfig,
     RunConfig,
     TrainConfig,
@@ -30,8 +31,8 @@ from .sections import (
 from .validate import check_tensorboard, validate
 from .values import apply_values
 
-__all__ = ["LR_SCHEDULES", "DataConfig", "EvalConfig", "GeneratorConfig", "LossConfig", "ModelConfig", "RunConfig",
-           "TrainConfig", "build_config", "check_tensorboard", "config_from_dict", "extended", "load_yaml",
+__all__ = ["LR_SCHEDULES", "DataConfig", "EvalConfig", "GeneratorConfig", "LossConfig", "MemoryConfig", "ModelConfig",
+           "RunConfig", "TrainConfig", "build_config", "check_tensorboard", "config_from_dict", "extended", "load_yaml",
            "merge_layers", "nest", "parse_override", "save_config", "validate"]
 
 

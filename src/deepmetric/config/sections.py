@@ -88,6 +88,20 @@ class ModelConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """A cross-batch memory (XBM, Wang et al. CVPR 2020; ``deepmetric.losses.memory``): a FIFO queue of the last
+    ``size`` embeddings and labels; from step ``warmup_steps`` on, the loss adds ``weight`` x the metric loss between
+    the batch (queries) and the memory (references). Off while ``size`` is 0."""
+
+    size: int = 0
+    """Rows held (0: no memory); at least one batch, ``data.classes_per_batch x data.samples_per_class``."""
+    warmup_steps: int = 1000
+    """Steps before the memory starts (nothing enqueued, no term): the paper's 1,000 on SOP; below ``train.steps``."""
+    weight: float = 1.0
+    """Weight of the memory term (the paper's 1)."""
+
+
+@dataclass
 class LossConfig:
     """The objective: a metric loss (see ``deepmetric.losses``) plus regularisers."""
 
@@ -104,6 +118,8 @@ class LossConfig:
     """A pair/triplet miner for a pytorch-metric-learning loss, ``pml:<Class>`` (e.g. ``pml:MultiSimilarityMiner``)."""
     miner_options: dict[str, Any] = field(default_factory=dict)
     """The miner's keyword options."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """A cross-batch memory (``loss.memory.size``, ``warmup_steps``, ``weight``); off by default."""
 
 
 @dataclass

@@ -126,6 +126,22 @@ def _validate_loss(loss: LossConfig) -> None:
         raise ConfigError(f"loss.on must be 'embedding' or 'parts', got '{loss.on}'")
     if loss.parts_reduction not in (None, "mean", "sum"):
         raise ConfigError(f"loss.parts_reduction must be 'mean' or 'sum', got '{loss.parts_reduction}'")
+    _at_least("loss.memory", loss.memory, 0, ("size", "warmup_steps", "weight"))
+
+
+def _validate_memory(config: RunConfig) -> None:
+    """A cross-batch memory holds at least one batch and starts before the run ends."""
+    memory, d, steps = config.loss.memory, config.data, config.train.steps
+    if not memory.size:
+        return
+    batch = d.classes_per_batch * d.samples_per_class
+    if memory.size < batch:
+        raise ConfigError(f"loss.memory.size must be at least one batch (data.classes_per_batch x "
+                          f"data.samples_per_class = {batch}), got {memory.size}")
+    if memory.warmup_steps >= steps:
+        raise ConfigError(f"loss.memory.warmup_steps={memory.warmup_steps} is not below train.steps={steps}: the "
+                          "memory would never start; lower loss.memory.warmup_steps (the paper waits 1,000 of its "
+                          "SOP iterations) or set loss.memory.size=0")
 
 
 def amp_mode(value: Any) -> str | bool:
@@ -226,6 +242,7 @@ def validate(config: RunConfig) -> None:
     _validate_model(config.model)
     _validate_train(config.train)
     _validate_loss(config.loss)
+    _validate_memory(config)
     _validate_eval(config.eval)
     _check_names(config)
     _validate_generator(config.generator, config.train.amp)
@@ -234,12 +251,14 @@ def validate(config: RunConfig) -> None:
 def _check_names(config: RunConfig) -> None:
     """The backbone, head, loss and regularisers exist and take the options given, checked before anything is
     built or read (a typo should not wait for an image audit of the whole data set)."""
-    from ..losses import check_loss_options, check_regularizer_options
+    from ..losses import check_loss_options, check_memory_loss, check_regularizer_options
     from ..models.backbones import check_backbone_name
 
     check_backbone_name(config.model.backbone)
     config.model.head_options = typed_head_options(config.model.head, config.model.head_options)
     check_loss_options(config.loss.name, config.loss.options, config.loss.miner, config.loss.miner_options)
+    if config.loss.memory.size:
+        check_memory_loss(config.loss.name)
     for name, options in (config.loss.regularizers or {}).items():
         check_regularizer_options(name, options)
     if config.train.tensorboard:

@@ -10,7 +10,10 @@
 | ``margin`` | Wu et al. 2017 | margin 0.2, beta 1.2 (learned) |
 | ``pml:<Class>`` | any pytorch-metric-learning loss (``pml.py``), with ``loss.miner: pml:<Miner>`` | PML's |
 
-Regularisers (``loss.regularizers.<name>``) have their own table in ``regularizers.py``.
+Every metric loss takes an optional reference set, ``loss(embeddings, labels, ref_emb, ref_labels)``: the batch's
+rows are then paired with the reference's instead of with each other (``pairs.py``); a cross-batch memory
+(``loss.memory``, ``memory.py``) uses it. Regularisers (``loss.regularizers.<name>``) have their own table in
+``regularizers.py``.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from .divergence import ABEDivergenceLoss
 from .diversity import DiversityLoss
 from .horde import HordeRegularizer
 from .margin import MarginLoss
+from .memory import CrossBatchMemory
 from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
-from .pml import PMLLoss, is_pml
+from .pml import PMLLoss, is_pml, memory_losses
 from .pml import resolve as resolve_pml
 from .regularizers import REGULARIZERS, build_regularizer, check_regularizer_options, register_regularizer
 from .triplet import TripletLoss
@@ -54,10 +58,11 @@ MINERS.register_prefix("pml", lambda name: resolve_pml("miner", name))
 
 __all__ = [
     "LOSSES", "MINERS", "REGULARIZERS", "ABEDivergenceLoss", "ActivationDecay", "BinomialDevianceLoss",
-    "ContrastiveLoss", "DeMLAdversary", "DeMLPairHinge", "DiversityLoss", "EuclideanContrastiveLoss",
-    "HordeRegularizer", "LearnerRowNorm", "MarginLoss", "MultiSimilarityLoss", "Objective", "PMLLoss", "TripletLoss",
+    "ContrastiveLoss", "CrossBatchMemory", "DeMLAdversary", "DeMLPairHinge", "DiversityLoss",
+    "EuclideanContrastiveLoss", "HordeRegularizer", "LearnerRowNorm", "MarginLoss", "MultiSimilarityLoss", "Objective",
+    "PMLLoss", "TripletLoss",
     "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_objective", "create_objective",
-    "check_regularizer_options", "try_loss",
+    "check_memory_loss", "check_regularizer_options", "try_loss",
     "register_regularizer",
 ]
 
@@ -74,6 +79,19 @@ def check_loss_options(name: str, options: dict[str, Any] | None = None, miner: 
         raise ConfigError(f"loss.miner={miner} needs a pytorch-metric-learning loss (loss.name=pml:<Class>); the "
                           f"built-in '{name}' weighs every pair of the batch itself")
     MINERS.check(miner, miner_options)
+
+
+def check_memory_loss(name: str) -> None:
+    """A cross-batch memory (``loss.memory.size > 0``) needs a metric loss of pairs or triplets: every built-in one;
+    among pytorch-metric-learning's, those its own ``CrossBatchMemory`` supports (a proxy or classification loss
+    compares embeddings with its proxies or weights, not with other embeddings: a memory has nothing to add)."""
+    if is_pml(name):
+        LOSSES.check(name)  # an unknown class is named first
+        supported = memory_losses()
+        if name.split(":", 1)[1] not in supported:
+            raise ConfigError(f"loss.memory (a cross-batch memory) needs a loss on pairs or triplets of embeddings; "
+                              f"'{name}' is not one (pytorch-metric-learning's CrossBatchMemory supports "
+                              f"{', '.join(supported)}); set loss.memory.size=0 or choose another loss")
 
 
 def build_loss(name: str, options: dict[str, Any] | None = None, num_classes: int | None = None,
@@ -136,10 +154,11 @@ class _as_config_error:
 
 def try_loss(loss: nn.Module, embedding_size: int, num_classes: int | None, name: str,
              options: dict[str, Any] | None = None, miner: str | None = None,
-             miner_options: dict[str, Any] | None = None) -> None:
+             miner_options: dict[str, Any] | None = None, reference: bool = False) -> None:
     """Run ``loss`` once on a trial batch (``TRIAL_CLASSES`` x ``TRIAL_PER_CLASS`` random unit embeddings of width
     ``embedding_size``, on the CPU, its backward too), so that options PML or our losses accept at build but fail on
     (a wrong type, a bad choice, a loss with another call) are refused before any image is read or file written.
+    With ``reference`` (a cross-batch memory) the loss is run with a second trial batch as its reference set instead.
     The global RNG, the loss's state and its gradients are left as they were; a failure or a non-scalar result is one
     ``ConfigError`` naming the loss, its miner and their options."""
     classes = max(1, min(TRIAL_CLASSES, num_classes or TRIAL_CLASSES))
@@ -152,12 +171,18 @@ def try_loss(loss: nn.Module, embedding_size: int, num_classes: int | None, name
             embeddings = F.normalize(torch.randn(classes * TRIAL_PER_CLASS, embedding_size, generator=generator),
                                      dim=1).requires_grad_(True)
             labels = torch.arange(classes).repeat_interleave(TRIAL_PER_CLASS)
-            value = loss(embeddings, labels)
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                raise ValueError(f"it returned {type(value).__name__} "
-                                 f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}, not a scalar")
-            if value.requires_grad:
-                value.backward()
+            calls = [()]
+            if reference:  # (the call without one ran when the loss was built)
+                calls = [(F.normalize(torch.randn(len(labels), embedding_size, generator=generator), dim=1),
+                          labels.flip(0))]
+            for extra in calls:
+                value = loss(embeddings, labels, *extra)
+                if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                    raise ValueError(f"it returned {type(value).__name__} "
+                                     f"{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}, not a scalar"
+                                     f"{' with a reference set' if extra else ''}")
+                if value.requires_grad:
+                    value.backward()
     finally:
         loss.load_state_dict(state)
         for n, p in loss.named_parameters():
@@ -172,21 +197,44 @@ def build_objective(config: Any, head: Head, num_classes: int | None = None) -> 
     specs = config.regularizers if config.regularizers is not None else head.default_regularizers
 
     copies = head.num_parts if on == "parts" else 1
+    width = head.embedding_dim // copies
 
     def metric_loss() -> nn.Module:
-        return build_loss(config.name, config.options, num_classes, embedding_size=head.embedding_dim // copies,
+        return build_loss(config.name, config.options, num_classes, embedding_size=width,
                           miner=config.miner, miner_options=config.miner_options)
 
     losses = [metric_loss() for _ in range(copies)]
     regularizers = {name: build_regularizer(name, options, head, num_classes, metric_loss)
                     for name, options in specs.items()}
-    return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes)
+    memory = build_memory(getattr(config, "memory", None))
+    if memory is not None:
+        check_memory_loss(config.name)
+        for loss in losses:  # each takes a reference set (a loss of one's own registered without one is refused)
+            try_loss(loss, width, num_classes, config.name, config.options, config.miner, config.miner_options,
+                     reference=True)
+    return Objective(losses, on=on, parts_reduction=reduction, regularizers=regularizers, num_classes=num_classes,
+                     memory=memory)
+
+
+def build_memory(config: Any) -> CrossBatchMemory | None:
+    """The cross-batch memory of a ``loss.memory`` section (``size``, ``warmup_steps``, ``weight``; a mapping of them
+    too), or None when its size is 0 (off) or it is absent."""
+    if config is None:
+        return None
+    values = dict(config) if isinstance(config, dict) else {k: getattr(config, k) for k in ("size", "warmup_steps",
+                                                                                             "weight")}
+    unknown = sorted(set(values) - {"size", "warmup_steps", "weight"})
+    if unknown:
+        raise ConfigError(f"loss.memory: unknown option(s) {unknown}; expected size, warmup_steps, weight")
+    if not values.get("size"):
+        return None
+    return CrossBatchMemory(**values)
 
 
 def create_objective(head: Head, loss: str = "binomial", options: dict[str, Any] | None = None, *,
                      num_classes: int | None = None, regularizers: dict[str, dict[str, Any]] | None = None,
                      on: str | None = None, parts_reduction: str | None = None, miner: str | None = None,
-                     miner_options: dict[str, Any] | None = None) -> Objective:
+                     miner_options: dict[str, Any] | None = None, memory: dict[str, Any] | None = None) -> Objective:
     """The objective by name, for a training loop of your own: ``create_objective(model.head, "binomial",
     num_classes=C)`` is what ``deepmetric train`` builds from ``loss.name=binomial`` (``build_objective`` of the run
     config's ``loss`` section; each argument is that section's key of the same name, None taking the head's default).
@@ -202,13 +250,17 @@ def create_objective(head: Head, loss: str = "binomial", options: dict[str, Any]
         on: ``embedding`` or ``parts`` (one metric loss per learner); None: the head's choice.
         parts_reduction: ``mean`` or ``sum`` of the per-part losses; None: the head's choice.
         miner: a pytorch-metric-learning miner (``pml:<Class>``, with a ``pml:`` loss only) and its ``miner_options``.
+        memory: a cross-batch memory, ``{"size": M, "warmup_steps": W, "weight": w}`` (``deepmetric.losses.memory``;
+            warm-up 1,000 steps and weight 1 unless given); None or size 0: none. Call ``objective.set_step(step)``
+            before each step, as the trainer does, for the warm-up to end.
 
     Returns:
         The ``Objective``: ``loss, terms = objective(model(images), labels)``, the total and its unweighted terms;
         an ``nn.Module`` whose parameters (if any) the optimiser must train too.
     """
     section = SimpleNamespace(name=loss, options=dict(options or {}), on=on, parts_reduction=parts_reduction,
-                              regularizers=regularizers, miner=miner, miner_options=dict(miner_options or {}))
+                              regularizers=regularizers, miner=miner, miner_options=dict(miner_options or {}),
+                              memory=dict(memory or {}))
     return build_objective(section, head, num_classes)
 
 

@@ -38,8 +38,9 @@ class BinomialDevianceLoss(nn.Module):
             return F.softplus(weight * logits)
         return weight * F.softplus(logits)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        sims, pos, neg = similarity_and_masks(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels, ref_emb, ref_labels)
         positive = self._scaled(-self.alpha * (sims - self.beta), self.positive_weight)
         negative = self._scaled(self.alpha * (sims - self.beta), self.negative_weight)
         per_anchor = masked_mean(positive, pos, dim=1) + masked_mean(negative, neg, dim=1)

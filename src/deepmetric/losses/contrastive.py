@@ -19,20 +19,22 @@ class EuclideanContrastiveLoss(nn.Module):
     ``L = mean_{i != j} [ y_ij D_ij^2 + (1 - y_ij) [m_c - D_ij]_+ ]`` with ``D = ||x_i - x_j|| = sqrt(2 - 2 s)``
     on unit vectors, as printed in the paper (unsquared hinge); ``squared_hinge=True`` uses ``[m_c - D]_+^2``,
     Caffe's ContrastiveLoss layer, which the paper's implementation probably used. All ordered pairs of
-    the batch, averaged. ``unit=False`` measures D on the raw embeddings instead of the unit vectors (for an
-    unnormalised latent space, e.g. MIRAGE's 2-D picture, thesis Fig. 6.3b).
+    the batch (or all query-reference pairs), averaged. ``unit=False`` measures D on the raw embeddings instead of
+    the unit vectors (for an unnormalised latent space, e.g. MIRAGE's 2-D picture, thesis Fig. 6.3b).
     """
 
     def __init__(self, margin: float = 1.0, squared_hinge: bool = False, unit: bool = True):
         super().__init__()
         self.margin, self.squared_hinge, self.unit = margin, squared_hinge, unit
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        sims, pos, neg = similarity_and_masks(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels, ref_emb, ref_labels)
         if self.unit:
             squared = (2.0 - 2.0 * sims).clamp_min(0.0)
         else:
-            squared = (embeddings[:, None, :] - embeddings[None, :, :]).pow(2).sum(-1)
+            others = embeddings if ref_emb is None else ref_emb
+            squared = (embeddings[:, None, :] - others[None, :, :]).pow(2).sum(-1)
         hinge = torch.relu(self.margin - torch.sqrt(squared.clamp_min(1e-12)))
         if self.squared_hinge:
             hinge = hinge.pow(2)
@@ -44,8 +46,9 @@ class ContrastiveLoss(nn.Module):
         super().__init__()
         self.margin = margin
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        sims, pos, neg = similarity_and_masks(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels, ref_emb, ref_labels)
         positive = masked_mean((1.0 - sims) ** 2, pos)
         hinge = torch.relu(sims - self.margin)
         negative = masked_mean(hinge, neg & (hinge > 0))

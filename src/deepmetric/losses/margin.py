@@ -28,8 +28,9 @@ class MarginLoss(nn.Module):
         size = num_classes if per_class else 1
         self.beta = nn.Parameter(torch.full((size,), float(beta)), requires_grad=learn_beta)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        sims, pos, neg = similarity_and_masks(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels, ref_emb, ref_labels)
         distances = torch.sqrt((2.0 - 2.0 * sims).clamp_min(1e-12))
         beta = self.beta[labels][:, None] if self.per_class else self.beta  # boundary of the anchor's class
         pos_loss = torch.relu(self.margin + distances - beta) * pos

@@ -30,8 +30,9 @@ class MultiSimilarityLoss(nn.Module):
         super().__init__()
         self.alpha, self.beta, self.base, self.mining, self.epsilon = alpha, beta, base, mining, epsilon
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        sims, pos, neg = similarity_and_masks(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        sims, pos, neg = similarity_and_masks(embeddings, labels, ref_emb, ref_labels)
         if self.mining:
             with torch.no_grad():
                 hardest_pos = sims.masked_fill(~pos, float("inf")).min(dim=1, keepdim=True).values

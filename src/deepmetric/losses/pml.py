@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, did_you_mean
+from .pairs import check_reference
 
 PREFIX = "pml"
 INSTALL = "pip install 'deepmetric[pml]' (or pip install pytorch-metric-learning)"
@@ -66,14 +67,29 @@ def has_parameters(loss: nn.Module) -> bool:
     return any(p.requires_grad for p in loss.parameters())
 
 
+def memory_losses() -> list[str]:
+    """The PML losses a cross-batch memory (``loss.memory``) may be used with: those PML's own ``CrossBatchMemory``
+    supports (pair- and triplet-based; proxy and classification losses take no reference set)."""
+    from pytorch_metric_learning.losses import CrossBatchMemory
+
+    return sorted(CrossBatchMemory.supported_losses())
+
+
 class PMLLoss(nn.Module):
     """``(embeddings, labels) -> PML loss(embeddings, labels, indices_tuple)``, the indices being the miner's (all
-    pairs or triplets without one): the built-in losses' call, so the objective does not know whose loss it is."""
+    pairs or triplets without one): the built-in losses' call, so the objective does not know whose loss it is. With a
+    reference set (``ref_emb``, ``ref_labels``: a cross-batch memory) the batch's rows are paired with the
+    reference's, by PML's own ``ref_emb`` arguments, the miner mining those pairs."""
 
     def __init__(self, loss: nn.Module, miner: nn.Module | None = None):
         super().__init__()
         self.loss, self.miner = loss, miner
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        indices = self.miner(embeddings, labels) if self.miner is not None else None
-        return self.loss(embeddings, labels, indices)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        if ref_emb is None:
+            indices = self.miner(embeddings, labels) if self.miner is not None else None
+            return self.loss(embeddings, labels, indices)
+        check_reference(embeddings, ref_emb, ref_labels)
+        indices = self.miner(embeddings, labels, ref_emb, ref_labels) if self.miner is not None else None
+        return self.loss(embeddings, labels, indices, ref_emb, ref_labels)

@@ -31,6 +31,10 @@ def save_last(session: Session, step: int) -> None:
         tensors.update(prefixed("generator", generator_tensors))
     if session.precision.scaler is not None:
         state["amp"] = session.precision.state()
+    memory_tensors, memory_state = objective.checkpoint_state()  # a cross-batch memory (loss.memory), if any
+    if memory_state is not None:
+        tensors.update(prefixed("memory", memory_tensors))
+        state["memory"] = memory_state
     save_checkpoint(session.run.last, tensors, state)
 
 
@@ -45,8 +49,8 @@ def save_best(session: Session, step: int, metrics: dict[str, float]) -> None:
 
 
 def resume_session(session: Session) -> None:
-    """Load ``last`` into the session: model, objective, optimiser, fp16's gradient scaler, generator, RNG, step
-    and best."""
+    """Load ``last`` into the session: model, objective (its cross-batch memory too), optimiser, fp16's gradient
+    scaler, generator, RNG, step and best."""
     run, generator = session.run, session.generator
     tensors, state = load_checkpoint(run.last)
     if generator is not None:
@@ -56,6 +60,7 @@ def resume_session(session: Session) -> None:
         generator.load_checkpoint_state(unprefixed("generator", tensors), state["generator"])
     session.model.load_state_dict(unprefixed("model", tensors))
     session.objective.load_state_dict(unprefixed("objective", tensors))
+    session.objective.load_checkpoint_state(unprefixed("memory", tensors), state.get("memory"))
     optimizer_from_flat(session.optimizer, unprefixed("optim", tensors), state["optimizer"])
     session.precision.load_state(state.get("amp"))
     torch.set_rng_state(tensors["rng.torch"])
