@@ -2,6 +2,8 @@
 #   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
 #   make demo-glyphs   the same on the offline glyphs toy set
 #   make test   set up with the dev dependencies and run the test suite
+#   make test-fast   the inner loop: style, layers and the suite without the slow files (the site build, the
+#               browser, the wheel, the real backbone), stopping at the first failure
 #   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline, in a small environment of its
 #               own (.venv-docs: mkdocs and its plug-ins from requirements-docs.txt, no torch)
 PYTHON ?= python3
@@ -24,7 +26,7 @@ DEMO_PACKAGES := npm
 BROWSER_PACKAGES := chromium chromium-driver
 DEMO_RUN ?= runs/demo
 
-.PHONY: demo demo-glyphs test install install-dev system-packages demo-packages lint docs clean
+.PHONY: demo demo-glyphs test test-fast install install-dev system-packages demo-packages lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +80,13 @@ test: install-dev system-packages
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
+
+# what a change is checked with before make test: failures first (--ff), the first one stops it
+FAST_SKIP := tests/test_docs_site.py tests/test_serve_browser.py tests/test_packaged_presets.py tests/test_cuda.py
+test-fast: install-dev
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -x --ff -m "not integration" $(addprefix --ignore=,$(FAST_SKIP))
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks tools

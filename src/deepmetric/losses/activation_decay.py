@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.heads import HeadOutput
+from .registry import REGULARIZERS
 
 
 def _extra(output: HeadOutput, key: str, regularizer: str) -> torch.Tensor:
@@ -31,6 +32,7 @@ def _extra(output: HeadOutput, key: str, regularizer: str) -> torch.Tensor:
     return output.extras[key]
 
 
+@REGULARIZERS.register("activation-decay")  # DeML eq. 6, L_act
 class ActivationDecay(nn.Module):
     def __init__(self, reach_backbone: bool = True):
         super().__init__()
@@ -41,6 +43,7 @@ class ActivationDecay(nn.Module):
         return activations.pow(2).sum(dim=2).mean() / 2
 
 
+@REGULARIZERS.register("learner-row-norm")  # DeML eq. 6, L_ntri
 class LearnerRowNorm(nn.Module):
     def forward(self, output: HeadOutput, labels: torch.Tensor) -> torch.Tensor:
         weights = _extra(output, "learner_weights", "learner-row-norm")  # (L, d', C)

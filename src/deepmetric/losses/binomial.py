@@ -21,8 +21,10 @@ from torch import nn
 
 from ..errors import ConfigError
 from .pairs import masked_mean, similarity_and_masks
+from .registry import LOSSES
 
 
+@LOSSES.register("binomial")
 class BinomialDevianceLoss(nn.Module):
     def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_weight: float = 25.0,
                  cost: str = "exponent", positive_weight: float = 1.0):

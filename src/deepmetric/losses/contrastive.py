@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from .pairs import masked_mean, similarity_and_masks
+from .registry import LOSSES
 
 
+@LOSSES.register("contrastive-euclidean")
 class EuclideanContrastiveLoss(nn.Module):
     """Contrastive loss in the Euclidean form of ABE (Kim et al. 2018, eq. 10), margin m_c = 1.
 
@@ -41,6 +43,7 @@ class EuclideanContrastiveLoss(nn.Module):
         return masked_mean(torch.where(pos, squared, hinge), pos | neg)
 
 
+@LOSSES.register("contrastive")
 class ContrastiveLoss(nn.Module):
     def __init__(self, margin: float = 0.5):
         super().__init__()

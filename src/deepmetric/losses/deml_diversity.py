@@ -36,6 +36,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..models.heads import HeadOutput
 from .gradient_reversal import ganin_lambda, reverse_gradient
+from .registry import REGULARIZERS
 
 
 def learner_grid(head: nn.Module | None, regularizer: str) -> tuple[int, int, int]:
@@ -54,6 +55,7 @@ def grouped_parts(output: HeadOutput, num_scales: int, num_branches: int) -> tor
     return parts.view(parts.shape[0], num_scales, num_branches, -1)
 
 
+@REGULARIZERS.register("deml-adversary")  # DeML eq. 4
 class DeMLAdversary(nn.Module):
     def __init__(self, head: nn.Module | None = None, hidden_dim: int = 256, output_dim: int = 128,
                  reversal: float = 1.0, eps: float = 1e-5, ramp_steps: int = 10_000):
@@ -97,6 +99,7 @@ class DeMLAdversary(nn.Module):
         return (features[:, :, p] - features[:, :, q]).pow(2).mean(dim=3).mean()
 
 
+@REGULARIZERS.register("deml-hinge")  # the DeML code's replacement of eq. 4
 class DeMLPairHinge(nn.Module):
     def __init__(self, head: nn.Module | None = None, margin: float = 2.0):
         super().__init__()

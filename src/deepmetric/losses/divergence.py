@@ -16,8 +16,10 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.heads import HeadOutput
+from .registry import REGULARIZERS
 
 
+@REGULARIZERS.register("divergence")  # ABE eq. 9
 class ABEDivergenceLoss(nn.Module):
     def __init__(self, margin: float = 1.0, reduction: str = "mean"):
         super().__init__()

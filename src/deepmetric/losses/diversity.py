@@ -28,10 +28,12 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.heads import HeadOutput
+from .registry import REGULARIZERS
 
 NORMALIZATIONS = ("groups_minus_one", "pairs")
 
 
+@REGULARIZERS.register("diversity")  # DGML eq. 4
 class DiversityLoss(nn.Module):
     def __init__(self, alpha: float = 2.0, mu: float = 0.5, scale: float = 25.0,
                  normalization: str = "groups_minus_one"):

@@ -51,11 +51,13 @@ from ..errors import ConfigError
 from ..models.heads import Head, HeadOutput
 from ..models.high_order import HighOrderMoments
 from ..models.init import glorot_uniform_
+from .registry import REGULARIZERS
 
 GROUP_RATES = ("backbone", "head")
 """Base rates a regulariser's own optimiser group may take: ``train.lr_backbone`` or ``train.lr``."""
 
 
+@REGULARIZERS.register("horde")  # thesis ch. 5
 class HordeRegularizer(nn.Module):
     def __init__(self, head: Head, metric_loss: Callable[[], nn.Module], num_classes: int | None = None,
                  orders: int = 5, dim: int = 8192, mode: str = "cascaded", embedding_dim: int | None = None,

@@ -16,8 +16,10 @@ from torch import nn
 
 from ..errors import ConfigError
 from .pairs import similarity_and_masks
+from .registry import LOSSES
 
 
+@LOSSES.register("margin")
 class MarginLoss(nn.Module):
     def __init__(self, margin: float = 0.2, beta: float = 1.2, learn_beta: bool = True, per_class: bool = False,
                  nu: float = 0.0, num_classes: int | None = None):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .pairs import similarity_and_masks
+from .registry import LOSSES
 
 
 def _log1p_sum_exp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -24,6 +25,7 @@ def _log1p_sum_exp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(torch.cat([zeros, masked], dim=1), dim=1)
 
 
+@LOSSES.register("multi-similarity")
 class MultiSimilarityLoss(nn.Module):
     def __init__(self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, mining: bool = True,
                  epsilon: float = 0.1):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError, did_you_mean
 from .pairs import check_reference
+from .registry import LOSSES, MINERS
 
 PREFIX = "pml"
 INSTALL = "pip install 'deepmetric[pml]' (or pip install pytorch-metric-learning)"
@@ -93,3 +94,7 @@ class PMLLoss(nn.Module):
         check_reference(embeddings, ref_emb, ref_labels)
         indices = self.miner(embeddings, labels, ref_emb, ref_labels) if self.miner is not None else None
         return self.loss(embeddings, labels, indices, ref_emb, ref_labels)
+
+
+LOSSES.register_prefix("pml", lambda name: resolve("loss", name))
+MINERS.register_prefix("pml", lambda name: resolve("miner", name))

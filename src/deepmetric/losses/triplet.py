@@ -12,12 +12,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .pairs import masked_mean, similarity_and_masks
+from .registry import LOSSES
 
 TRIPLETS_AT_ONCE = 2**24
 """Most (anchor, positive, negative) entries computed at once: against a memory of R rows the B x R x R cube is cut
 into groups of anchors (a batch of 64 against 4,096 rows would be 1.1 G entries)."""
 
 
+@LOSSES.register("triplet")
 class TripletLoss(nn.Module):
     def __init__(self, margin: float = 0.1):
         super().__init__()
