@@ -1,0 +1,357 @@
+"""k-reciprocal re-ranking (Zhong, Zheng, Cao and Li, CVPR 2017, "Re-ranking Person Re-identification with
+k-reciprocal Encoding"), exact, without the N x N distance matrix.
+
+Distance: the embeddings are l2-normalised, so the squared Euclidean distance the paper uses is
+``d(p, g) = max(0, 2 - 2 s(p, g))`` with s the library's float32 cosine similarity (an item's distance to itself
+is 0). Rankings are the exact kNN's (``knn.py``): by decreasing similarity, ties by increasing index.
+
+Where the paper and the authors' public code differ, this follows the code, whose output the paper's tables
+report:
+
+- the neighbourhoods live in the set of every query and gallery item together (queries first; in single-set
+  retrieval the set itself), and an item's N(i, k) is itself followed by its k nearest others (k + 1 items);
+- each row of distances is divided by its largest value before anything else (``d~ = d / max_g d(p, g)``),
+  which both the weights of Eq. 7 and the λ term of Eq. 12 use;
+- Eq. 6 adds R(q, round(k1/2)) when ``|R(p, k1) ∩ R(q, round(k1/2))| > 2/3 |R(q, round(k1/2))|`` (strictly
+  more; the paper writes >=), tested in integers (3·count > 2·size); ``round`` halves to even, as numpy's;
+- V's weights (Eq. 7) are normalised to sum 1 per row, so that Eq. 11's denominator is 2 - Σ min;
+- the local query expansion (Eq. 10) averages the V of N(p, k2): p and its k2 - 1 nearest others.
+
+The steps, each a function below:
+
+- ``neighbour_graph``: N(i, k) for every item (Eq. 3) and each row's smallest similarity (for ``d~``), from one
+  blocked pass of products (memory ``block x items``, as the kNN's);
+- ``reciprocal_mask``: R(i, k) = {j in N(i, k) : i in N(j, k)} (Eq. 4);
+- ``expanded_sets``: R*(i, k1) = R(i, k1) ∪ R(q, k1/2) for the q that pass the 2/3 rule (Eq. 6);
+- ``encode``: V_{i,j} = exp(-d~(i, j)) / Σ over R*(i) for j in R*(i), else 0 (Eq. 7);
+- ``local_expansion``: V_i <- mean of V_j over N(i, k2) (Eq. 10);
+- ``reranked_blocks``: d_J(p, g) = 1 - Σ_j min(V_pj, V_gj) / Σ_j max(V_pj, V_gj) = 1 - m / (2 - m) with
+  m = Σ_j min(V_pj, V_gj) (Eqs. 9, 11), by an inverted index over V's columns, and
+  ``d*(p, g) = (1 - λ) d_J(p, g) + λ d~(p, g)`` (Eq. 12) for each block of queries against the whole gallery.
+
+V is sparse (an item's R* holds tens of items), so the memory is O(items x k1^2 / 2) besides the blocks; the time
+is that of two passes of products over the pairs (the neighbourhoods, then d~ in Eq. 12) plus the sparse steps.
+Every sum runs in increasing index order (V's row sums, the means of Eq. 10, the min-sums of Eq. 11), so that
+identical neighbourhoods give bitwise identical distances: exact ties stay ties, ordered by gallery index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..progress import progress_bar
+from .knn import full_float32_products, products_engine, resolve_engine, similarities, topk_stable
+from .rerank import KReciprocal
+
+SHOWN_FROM = 10**8
+"""Pairs of items from which the passes of products show a progress bar."""
+
+
+def product_engine(engine: str) -> str:
+    """The engine of the products: the kNN's, except faiss (whose search is no product of every pair)."""
+    engine = resolve_engine(engine)
+    return products_engine() if engine == "faiss" else engine
+
+
+@dataclass
+class NeighbourGraph:
+    """Each item's neighbourhood in a set of items: ``lists`` (U, 1 + k) int64, the item itself then its k nearest
+    others by (similarity desc, index asc) (Eq. 3); ``sims`` (U, k) float32 their similarities; ``row_min`` (U,)
+    float64, each item's smallest similarity to another item (+inf where there is none)."""
+
+    lists: np.ndarray
+    sims: np.ndarray
+    row_min: np.ndarray
+
+    @property
+    def items(self) -> int:
+        return len(self.lists)
+
+    def row_max_distance(self) -> np.ndarray:
+        """(U,) float64: each row's largest distance ``max(0, 2 - 2 s_min)``, 1 where it is 0 (a set of one point,
+        or of copies): the divisor of ``d~``."""
+        largest = np.maximum(2.0 - 2.0 * self.row_min, 0.0)
+        return np.where(largest > 0, largest, 1.0)
+
+
+def neighbour_graph(x: torch.Tensor, k: int, memory_mb: float = 256.0, engine: str = "auto",
+                    progress: bool = False) -> NeighbourGraph:
+    """N(i, k) of every row of the l2-normalised ``x`` (U, D) among the others, by one blocked pass of products."""
+    from .knn import block_rows_for
+
+    engine = product_engine(engine)
+    device = torch.device("cuda", torch.cuda.current_device()) if engine == "cuda" else torch.device("cpu")
+    n = x.shape[0]
+    k = min(k, n - 1)
+    lists = np.empty((n, k + 1), dtype=np.int64)
+    lists[:, 0] = np.arange(n)
+    sims = np.empty((n, k), dtype=np.float32)
+    row_min = np.empty(n, dtype=np.float64)
+    on = x.to(device)
+    block = block_rows_for(n, memory_mb)
+    bar = progress_bar(total=n, desc="re-ranking: neighbourhoods", unit="item",
+                       disable=not progress or n * n < SHOWN_FROM)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        with full_float32_products():
+            s = similarities(on[start:stop], on, engine)
+        rows = torch.arange(stop - start, device=s.device)
+        s[rows, rows + start] = float("inf")
+        row_min[start:stop] = s.amin(dim=1).double().cpu().numpy()
+        s[rows, rows + start] = float("-inf")
+        if k:
+            values, indices = topk_stable(s, k)
+            lists[start:stop, 1:] = indices.cpu().numpy()
+            sims[start:stop] = values.cpu().numpy()
+        bar.update(stop - start)
+    bar.close()
+    return NeighbourGraph(lists, sims, row_min)
+
+
+def reciprocal_mask(lists: np.ndarray) -> np.ndarray:
+    """R(i, k) (Eq. 4) as a mask over ``lists`` (U, K), each row N(i, K - 1) with i first: ``lists[i, m]`` is in
+    R(i, K - 1) when i is in its own list."""
+    n, width = lists.shape
+    mask = np.empty(lists.shape, dtype=bool)
+    step = max(1, 2**22 // (width * width))
+    for start in range(0, n, step):
+        block = lists[start:start + step]
+        back = lists[block]  # (b, K, K): the lists of each neighbour
+        mask[start:start + step] = (back == np.arange(start, start + len(block))[:, None, None]).any(axis=2)
+    return mask
+
+
+def expanded_sets(lists: np.ndarray, k1: int) -> np.ndarray:
+    """R*(i, k1) (Eq. 6) of every item, from ``lists`` (U, 1 + k >= 1 + k1 or every other item): (U, W) int64 in
+    increasing order, padded with U.
+
+    R(q, h) (h = round(k1 / 2)) of each q in R(i, k1) joins when more than 2/3 of it lies in R(i, k1)."""
+    n = len(lists)
+    full = lists[:, :k1 + 1]
+    width = full.shape[1]
+    half = full[:, :min(round(k1 / 2) + 1, width)]
+    in_full, in_half = reciprocal_mask(full), reciprocal_mask(half)
+    parts = []
+    step = max(1, 2**23 // (width * width * half.shape[1]))
+    for start in range(0, n, step):
+        candidates, kept = full[start:start + step], in_full[start:start + step]  # (b, K): R(i, k1) where kept
+        their_half = half[candidates]  # (b, K, H): N(q, h) of each candidate q
+        their_set = in_half[candidates]  # (b, K, H): which of those are in R(q, h)
+        in_mine = ((their_half[..., None] == candidates[:, None, None, :]) & kept[:, None, None, :]).any(axis=3)
+        count = (in_mine & their_set).sum(axis=2)
+        size = their_set.sum(axis=2)
+        joins = kept & (3 * count > 2 * size)  # (b, K)
+        members = np.concatenate([np.where(kept, candidates, n),
+                                  np.where(joins[..., None] & their_set, their_half, n).reshape(len(kept), -1)],
+                                 axis=1)
+        members.sort(axis=1)
+        repeated = np.zeros(members.shape, dtype=bool)
+        repeated[:, 1:] = members[:, 1:] == members[:, :-1]
+        members[repeated] = n
+        members.sort(axis=1)
+        parts.append(members)
+    width_used = max(int((part < n).sum(axis=1).max()) for part in parts)
+    return np.concatenate([part[:, :width_used] for part in parts])
+
+
+def encode(members: np.ndarray, x: torch.Tensor, row_max: np.ndarray, memory_mb: float = 64.0) -> np.ndarray:
+    """V (Eq. 7) over ``members`` (U, W; padded with U): ``exp(-d~(i, j))`` normalised to sum 1 over R*(i), 0 at the
+    padding; (U, W) float64. The similarities are float32 dot products of the members' rows of ``x``."""
+    n, width = members.shape
+    valid = members < n
+    safe = np.where(valid, members, 0)
+    sims = np.empty(members.shape, dtype=np.float64)
+    rows = max(1, int(memory_mb * 2**20 / (4 * max(width, 1) * x.shape[1])))
+    cpu = x.cpu()
+    for start in range(0, n, rows):
+        chosen = cpu[torch.from_numpy(safe[start:start + rows])]  # (r, W, D)
+        sims[start:start + rows] = torch.bmm(chosen, cpu[start:start + rows, :, None])[..., 0].double().numpy()
+    distance = np.maximum(2.0 - 2.0 * sims, 0.0)
+    distance[members == np.arange(n)[:, None]] = 0.0
+    weights = np.where(valid, np.exp(-(distance / row_max[:, None])), 0.0)
+    total = np.cumsum(weights, axis=1)[:, -1]  # in index order
+    return weights / total[:, None]
+
+
+@dataclass
+class SparseRows:
+    """Rows of a sparse (U, U) matrix in coordinates sorted by (row, col): ``rows``, ``cols``, ``values``."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    values: np.ndarray
+    size: int
+
+    def row_starts(self) -> np.ndarray:
+        return np.searchsorted(self.rows, np.arange(self.size + 1))
+
+
+def local_expansion(members: np.ndarray, v: np.ndarray, lists: np.ndarray, k2: int,
+                    budget: int = 2**23) -> SparseRows:
+    """V_i <- (1 / |N(i, k2)|) Σ_{j in N(i, k2)} V_j (Eq. 10), N(i, k2) = i and its k2 - 1 nearest others, summed in
+    increasing index order."""
+    n, width = members.shape
+    group = np.sort(lists[:, :k2], axis=1)  # (U, c)
+    count = group.shape[1]
+    step = max(1, budget // max(1, count * width))
+    rows, cols, values = [], [], []
+    for start in range(0, n, step):
+        sources = group[start:start + step]  # (b, c)
+        their_cols = members[sources]  # (b, c, W): each row i, each source j in index order, j's members
+        their_values = v[sources]
+        targets = np.broadcast_to(np.arange(start, start + len(sources))[:, None, None], their_cols.shape)
+        valid = their_cols < n
+        keys = targets[valid] * n + their_cols[valid]
+        unique, inverse = np.unique(keys, return_inverse=True)
+        sums = np.bincount(inverse.reshape(-1), weights=their_values[valid], minlength=len(unique))  # in order
+        rows.append(unique // n)
+        cols.append(unique % n)
+        values.append(sums / count)
+    return SparseRows(np.concatenate(rows), np.concatenate(cols), np.concatenate(values), n)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + l)`` for each start and length."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + np.arange(total) - offsets
+
+
+def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndarray, row_max: np.ndarray,
+                    query_sims: Callable[[int, int], torch.Tensor], k: int, settings: KReciprocal,
+                    own: np.ndarray | None = None, memory_mb: float = 256.0, pair_budget: int = 2**22,
+                    progress: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yield ``(first query, -d* (b, k) float64, gallery positions (b, k))`` block by block: each query's k gallery
+    items of smallest ``d*`` (Eq. 12), ties by gallery position; ``own[i]`` (or -1) is query i's own gallery
+    position, left out. ``query_sims(start, stop)`` gives the (b, G) float32 similarities of those queries to the
+    gallery; ``query_rows`` and ``gallery_rows`` are the items' indices in V's set."""
+    n_gallery = len(gallery_rows)
+    position = np.full(v.size, -1, dtype=np.int64)
+    position[gallery_rows] = np.arange(n_gallery)
+    # the inverted index: V's gallery rows by column, each column's rows in increasing gallery position
+    keep = position[v.rows] >= 0
+    order = np.lexsort((position[v.rows[keep]], v.cols[keep]))
+    by_col = v.cols[keep][order]
+    col_gallery = position[v.rows[keep]][order]
+    col_values = v.values[keep][order]
+    col_starts = np.searchsorted(by_col, np.arange(v.size + 1))
+    col_sizes = np.diff(col_starts)
+    row_starts = v.row_starts()
+    pairs = np.bincount(v.rows, weights=col_sizes[v.cols], minlength=v.size)[query_rows]  # per query
+    dense_rows = max(1, int(memory_mb * 2**20 / (8 * 4 * max(n_gallery, 1))))
+    keep_original = 1.0 - settings.lambda_value
+    bar = progress_bar(total=len(query_rows), desc="re-ranking", unit="query",
+                       disable=not progress or len(query_rows) * n_gallery < SHOWN_FROM)
+    start = 0
+    while start < len(query_rows):
+        stop = start + 1  # as many queries as the budgets allow, at least one
+        budget = pairs[start]
+        while stop < len(query_rows) and stop - start < dense_rows and budget + pairs[stop] <= pair_budget:
+            budget += pairs[stop]
+            stop += 1
+        queries = query_rows[start:stop]
+        lengths = row_starts[queries + 1] - row_starts[queries]
+        entries = _ranges(row_starts[queries], lengths)  # V's entries of each query, by (query, column)
+        entry_query = np.repeat(np.arange(len(queries)), lengths)
+        entry_col, entry_value = v.cols[entries], v.values[entries]
+        spans = col_sizes[entry_col]
+        matched = _ranges(col_starts[entry_col], spans)  # for each entry, the gallery rows sharing its column
+        entry = np.repeat(np.arange(len(entries)), spans)
+        mins = np.minimum(entry_value[entry], col_values[matched])
+        target = entry_query[entry] * n_gallery + col_gallery[matched]
+        shared = np.bincount(target, weights=mins, minlength=len(queries) * n_gallery).reshape(len(queries), -1)
+        jaccard = 1.0 - shared / (2.0 - shared)  # Eq. 11
+        distance = np.maximum(2.0 - 2.0 * query_sims(start, stop).double().cpu().numpy(), 0.0)
+        final = jaccard * keep_original + distance / row_max[queries][:, None] * settings.lambda_value  # Eq. 12
+        scores = torch.from_numpy(-final)
+        if own is not None:
+            rows = np.flatnonzero(own[start:stop] >= 0)
+            scores[rows, own[start:stop][rows]] = float("-inf")
+        values, indices = topk_stable(scores, k)
+        bar.update(stop - start)
+        yield start, values, indices
+        start = stop
+    bar.close()
+
+
+def encode_all(graph: NeighbourGraph, x: torch.Tensor, settings: KReciprocal) -> SparseRows:
+    """V after the local query expansion (Eqs. 6, 7, 10) of every item of ``graph`` (``x``: their embeddings)."""
+    members = expanded_sets(graph.lists, settings.k1)
+    v = encode(members, x, graph.row_max_distance())
+    return local_expansion(members, v, graph.lists, settings.k2)
+
+
+def k_reciprocal_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: torch.Tensor | None,
+                     settings: KReciprocal, memory_mb: float = 256.0, engine: str = "auto",
+                     progress: bool = False) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``iter_knn``'s blocks, ranked by ``d*`` (Eq. 12) instead of similarity: the neighbourhoods live in the set of
+    the gallery and the queries that are not in it (``self_index[i]``: query i's gallery row, or -1), queries first.
+    Values are ``-d*`` (float64); ``k`` as ``iter_knn``'s."""
+    from .rerank import check_items
+
+    own = None if self_index is None else self_index.numpy().astype(np.int64)
+    outside = np.arange(len(query)) if own is None else np.flatnonzero(own < 0)
+    items = torch.cat([query[torch.from_numpy(outside)], gallery]) if len(outside) else gallery
+    check_items(settings, items.shape[0], "queries and gallery items")
+    query_rows = np.empty(len(query), dtype=np.int64)
+    query_rows[outside] = np.arange(len(outside))
+    if own is not None:
+        inside = own >= 0
+        query_rows[inside] = len(outside) + own[inside]
+    gallery_rows = len(outside) + np.arange(len(gallery))
+    graph = neighbour_graph(items, max(settings.k1, settings.k2 - 1), memory_mb, engine, progress)
+    v = encode_all(graph, items, settings)
+    engine = product_engine(engine)
+    device = torch.device("cuda", torch.cuda.current_device()) if engine == "cuda" else torch.device("cpu")
+    on_device = gallery.to(device)
+
+    def query_sims(start: int, stop: int) -> torch.Tensor:
+        with full_float32_products():
+            return similarities(query[start:stop].to(device), on_device, engine)
+
+    yield from reranked_blocks(v, query_rows, gallery_rows, graph.row_max_distance(), query_sims, k, settings, own,
+                               memory_mb, progress=progress)
+
+
+def k_reciprocal_search(queries: torch.Tensor, gallery: torch.Tensor, k: int, settings: KReciprocal,
+                        engine: str = "auto", progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Each query re-ranked alone against ``gallery`` (the set of the gallery and that query, the query first):
+    ``(1 - d*, gallery ids)``, each (Q, k), best first. The gallery's neighbourhoods are found once; each query's
+    joins them (an item's k nearest among the gallery and the query), so no answer depends on the other queries."""
+    from .knn import sort_candidates
+    from .rerank import check_items
+
+    n = gallery.shape[0]
+    check_items(settings, n + 1, "gallery items and the query")
+    depth = max(settings.k1, settings.k2 - 1)
+    base = neighbour_graph(gallery, depth, engine=engine)
+    engine = product_engine(engine)
+    with full_float32_products():
+        to_gallery = similarities(queries, gallery, engine).cpu()  # (Q, G)
+    kept = min(depth, n)
+    scores = np.empty((len(queries), min(k, n)))
+    ids = np.empty((len(queries), min(k, n)), dtype=np.int64)
+    for q in progress_bar(range(len(queries)), desc="re-ranking", unit="query", disable=not progress):
+        s = to_gallery[q]
+        # the gallery items' lists with the query (index 0) among the candidates, the gallery's indices moved by 1
+        values = torch.cat([s[:, None], torch.from_numpy(base.sims)], dim=1)
+        indices = torch.cat([torch.zeros(n, 1, dtype=torch.long), torch.from_numpy(base.lists[:, 1:]) + 1], dim=1)
+        values, indices = sort_candidates(values, indices)
+        own_values, own_indices = topk_stable(s[None], kept)
+        lists = np.empty((n + 1, kept + 1), dtype=np.int64)
+        lists[:, 0] = np.arange(n + 1)
+        lists[0, 1:] = own_indices[0].numpy() + 1
+        lists[1:, 1:] = indices[:, :kept].numpy()
+        row_min = np.concatenate([[float(s.min())], np.minimum(base.row_min, s.double().numpy())])
+        graph = NeighbourGraph(lists, np.concatenate([own_values.numpy(), values[:, :kept].numpy()]), row_min)
+        v = encode_all(graph, torch.cat([queries[q:q + 1], gallery]), settings)
+        _, values, indices = next(reranked_blocks(v, np.array([0]), np.arange(1, n + 1), graph.row_max_distance(),
+                                               lambda start, stop, s=s: s[None], min(k, n), settings))
+        scores[q], ids[q] = 1.0 + values[0].numpy(), indices[0].numpy()
+    return scores, ids
