@@ -57,7 +57,7 @@ def reference_k_reciprocal(x: np.ndarray, query_rows, gallery_rows, k1: int, k2:
     x = x.astype(np.float64)
     s = x @ x.T
     n = len(s)
-    d = np.maximum(2.0 - 2.0 * s, 0.0)
+    d = 2.0 - 2.0 * s
     np.fill_diagonal(d, 0.0)
     largest = d.max(axis=1)
     dt = d / np.where(largest > 0, largest, 1.0)[:, None]
@@ -161,6 +161,30 @@ def test_k_reciprocal_single_set_equals_the_slow_reference_bitwise(k1, k2, lam):
     indices = torch.cat([b[2] for b in blocks]).numpy()
     assert indices.tolist() == ranking(expected, own)
     assert np.array_equal(-values, np.take_along_axis(expected, indices, axis=1))  # bitwise
+
+
+@pytest.mark.parametrize("k1,k2,lam,k", [(3, 1, 1.0, 2), (2, 1, 0.5, 2), (1, 1, 1.0, 1), (5, 3, 0.0, 4)])
+def test_a_short_ranking_takes_the_kth_ties_from_the_whole_gallery(k1, k2, lam, k, monkeypatch):
+    # d* is computed for the items sharing V's columns and the first k + 1 others in kNN order; where the last of
+    # those ties the k-th value (ties are everywhere here), the row is ranked over the whole gallery
+    import deepmetric.evaluation.kreciprocal as kreciprocal
+
+    whole_rows = []
+    final_distance = kreciprocal._final_distance
+
+    def counting(shared, *args):
+        whole_rows.extend([1] if shared.ndim == 1 else [])  # one query's row over the whole gallery
+        return final_distance(shared, *args)
+
+    monkeypatch.setattr(kreciprocal, "_final_distance", counting)
+    for seed in range(3):
+        x = dyadic_units(40, seed=seed)
+        expected = reference_k_reciprocal(x, range(40), range(40), k1, k2, lam)
+        blocks = list(k_reciprocal_knn(torch.from_numpy(x), torch.from_numpy(x), k, torch.arange(40),
+                                       KReciprocal(k1=k1, k2=k2, lambda_value=lam)))
+        indices = torch.cat([b[2] for b in blocks]).numpy()
+        assert indices.tolist() == [ranked[:k] for ranked in ranking(expected, np.arange(40))]
+    assert whole_rows or lam == 0.0  # by index (λ = 0) no row needs it
 
 
 @pytest.mark.parametrize("n_query", [1, 7])
@@ -339,3 +363,86 @@ def test_beyond_the_bound_is_one_message_naming_the_option_that_raises_it():
     retrieval_metrics(x, labels, nmi=False, rerank=QueryExpansion(qe_n=3, max_items=2))  # αQE alone: no pairs
     with pytest.raises(DeepMetricError, match="31 gallery items and the query"):
         reranked_search(torch.from_numpy(x[:1]), torch.from_numpy(x), 3, KReciprocal(max_items=30))
+
+
+# -- the command line and the Python index --------------------------------------------------------------------------
+
+def cli(capsys, *argv):
+    from deepmetric.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_metrics_command_re_ranks_as_the_library_and_refuses_stray_options(tmp_path, capsys):
+    import json
+
+    x = dyadic_units(48, seed=1)
+    labels = np.repeat(np.arange(12), 4)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", labels)
+    code, out, err = cli(capsys, "metrics", tmp_path / "x.npy", tmp_path / "y.npy", "--rerank", "k-reciprocal",
+                         "--k1", 5, "--k2", 2, "--lambda", 0.5, "--json", "--no-nmi")
+    assert code == 0, err
+    expected = retrieval_metrics(x, labels, nmi=False, rerank=KReciprocal(k1=5, k2=2, lambda_value=0.5))
+    assert json.loads(out) == expected
+    code, out, err = cli(capsys, "metrics", tmp_path / "x.npy", tmp_path / "y.npy", "--rerank", "dba+qe",
+                         "--qe-n", 3, "--dba-n", 2, "--alpha", 1, "--json", "--no-nmi")
+    assert code == 0 and json.loads(out) == retrieval_metrics(x, labels, nmi=False, rerank=QueryExpansion(3, 2, 1.0))
+    for argv, message in [(["--k1", 5], "error: --k1 is an option of re-ranking: give --rerank too"),
+                          (["--rerank", "qe", "--lambda", 0.2], "error: --rerank qe takes no --lambda (its options: "
+                                                                 "--qe-n --alpha)"),
+                          (["--rerank", "k-reciprocal", "--rerank-max-items", 47],
+                           "more than its bound of 47: its time grows as the square of the items")]:
+        code, out, err = cli(capsys, "metrics", tmp_path / "x.npy", tmp_path / "y.npy", *argv)
+        assert code == 2 and out == "" and err.startswith("error: ") and message in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_search_and_index_re_rank_each_query_against_the_whole_index(tiny_run, tmp_path, capsys):
+    import json
+
+    from deepmetric import Index, load_run
+    from serve_helpers import make_gallery
+
+    files = make_gallery(tmp_path / "gallery", 12)
+    index = tmp_path / "index"
+    assert cli(capsys, "index", tiny_run, "--images", tmp_path / "gallery", "--out", index, "--quiet")[0] == 0
+    opened = Index.open(index, run=load_run(tiny_run, device="cpu"))
+    gallery = torch.from_numpy(opened.embeddings)
+    for argv, settings in [(["--rerank", "k-reciprocal", "--k1", 4, "--k2", 2], KReciprocal(k1=4, k2=2)),
+                           (["--rerank", "qe", "--qe-n", 2], QueryExpansion(qe_n=2))]:
+        code, out, err = cli(capsys, "search", index, "--image", files[3], "--k", 5, "--json", *argv)
+        assert code == 0, err
+        hits = json.loads(out)["results"]
+        query = torch.from_numpy(opened.run.embed([files[3]]))
+        scores, ids = reranked_search(query, gallery, 5, settings)
+        assert [h["id"] for h in hits] == ids[0].tolist()
+        assert [h["score"] for h in hits] == pytest.approx(scores[0].tolist(), abs=1e-6)
+        python = opened.search(files[3], k=5, rerank=settings)[0]
+        assert [(h.id, h.score) for h in python] == [(h["id"], pytest.approx(h["score"], abs=1e-6)) for h in hits]
+    code, _, err = cli(capsys, "search", index, "--image", files[3], "--alpha", 2)
+    assert code == 2 and "error: --alpha is an option of re-ranking" in err
+
+
+def test_evaluate_writes_the_re_ranked_record_beside_the_runs_own(tiny_run, tmp_path, capsys):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert cli(capsys, "evaluate", run, "--quiet")[0] == 0
+    own = (run / "metrics.json").read_bytes()
+    code, out, err = cli(capsys, "evaluate", run, "--rerank", "k-reciprocal", "--k1", 6, "--quiet")
+    assert code == 0, err
+    assert (run / "metrics.json").read_bytes() == own  # the run's record untouched
+    record = json.loads((run / "metrics-rerank-k-reciprocal.json").read_text())
+    assert record["rerank"] == {"method": "k-reciprocal", "k1": 6, "k2": 6, "lambda_value": 0.3}
+    plain = json.loads(own)["metrics"]
+    assert record["without_rerank"] == plain  # the same checkpoint's ranking without it
+    assert (run / "per-query-rerank-k-reciprocal.npz").is_file()
+    lines = out.splitlines()
+    assert lines[-2].startswith("trained (last, step 2) ") and lines[-1].startswith("trained (last, step 2) + k-rec")
+    code, _, err = cli(capsys, "evaluate", run, "--rerank", "dba", "--all-embeddings")
+    assert code == 2 and "leave out --all-embeddings" in err

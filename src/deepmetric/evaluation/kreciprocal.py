@@ -2,8 +2,9 @@
 k-reciprocal Encoding"), exact, without the N x N distance matrix.
 
 Distance: the embeddings are l2-normalised, so the squared Euclidean distance the paper uses is
-``d(p, g) = max(0, 2 - 2 s(p, g))`` with s the library's float32 cosine similarity (an item's distance to itself
-is 0). Rankings are the exact kNN's (``knn.py``): by decreasing similarity, ties by increasing index.
+``d(p, g) = 2 - 2 s(p, g)`` with s the library's float32 cosine similarity, in float64 (where it is exact), and an
+item's distance to itself 0 (a copy's may come out a rounding error below 0, which changes nothing). Rankings are
+the exact kNN's (``knn.py``): by decreasing similarity, ties by increasing index.
 
 Where the paper and the authors' public code differ, this follows the code, whose output the paper's tables
 report:
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 
 from ..progress import progress_bar
-from .knn import full_float32_products, products_engine, resolve_engine, similarities, topk_stable
+from .knn import full_float32_products, products_engine, resolve_engine, similarities, sort_candidates, topk_stable
 from .rerank import KReciprocal
 
 SHOWN_FROM = 10**8
@@ -170,7 +171,7 @@ def encode(members: np.ndarray, x: torch.Tensor, row_max: np.ndarray, memory_mb:
     for start in range(0, n, rows):
         chosen = cpu[torch.from_numpy(safe[start:start + rows])]  # (r, W, D)
         sims[start:start + rows] = torch.bmm(chosen, cpu[start:start + rows, :, None])[..., 0].double().numpy()
-    distance = np.maximum(2.0 - 2.0 * sims, 0.0)
+    distance = 2.0 - 2.0 * sims
     distance[members == np.arange(n)[:, None]] = 0.0
     weights = np.where(valid, np.exp(-(distance / row_max[:, None])), 0.0)
     total = np.cumsum(weights, axis=1)[:, -1]  # in index order
@@ -217,10 +218,18 @@ def local_expansion(members: np.ndarray, v: np.ndarray, lists: np.ndarray, k2: i
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenation of ``arange(s, s + l)`` for each start and length."""
     total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + np.arange(total) - offsets
+    out = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    out += np.arange(total, dtype=out.dtype)
+    return out
+
+
+def _final_distance(shared: np.ndarray, sims: np.ndarray, row_max: np.ndarray, settings: KReciprocal) -> np.ndarray:
+    """d* (Eq. 12) from the min-sums ``shared`` (Eq. 11's m) and the float32 similarities ``sims`` of the same
+    pairs; ``row_max`` broadcasts against them."""
+    jaccard = 1.0 - shared / (2.0 - shared)  # Eq. 11
+    distance = 2.0 - 2.0 * sims.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a query's own row (similarity -inf) times λ = 0: NaN, left out after
+        return jaccard * (1.0 - settings.lambda_value) + distance / row_max * settings.lambda_value
 
 
 def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndarray, row_max: np.ndarray,
@@ -230,7 +239,14 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
     """Yield ``(first query, -d* (b, k) float64, gallery positions (b, k))`` block by block: each query's k gallery
     items of smallest ``d*`` (Eq. 12), ties by gallery position; ``own[i]`` (or -1) is query i's own gallery
     position, left out. ``query_sims(start, stop)`` gives the (b, G) float32 similarities of those queries to the
-    gallery; ``query_rows`` and ``gallery_rows`` are the items' indices in V's set."""
+    gallery; ``query_rows`` and ``gallery_rows`` are the items' indices in V's set; ``k`` is at most the gallery
+    items each query is ranked against.
+
+    A gallery item that shares no column of V with the query has d_J = 1, so ``d* = (1 - λ) + λ d~``: among those,
+    d* grows as the similarity falls (``2 - 2s`` is exact in float64), and they come in the exact kNN's order (by
+    index when λ = 0). So d* is computed for the items that share a column and for the first k + 1 others in that
+    order only; a row whose last such candidate ties the k-th value (an item further down could tie it with a
+    smaller index) is ranked over the whole gallery instead."""
     n_gallery = len(gallery_rows)
     position = np.full(v.size, -1, dtype=np.int64)
     position[gallery_rows] = np.arange(n_gallery)
@@ -238,14 +254,15 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
     keep = position[v.rows] >= 0
     order = np.lexsort((position[v.rows[keep]], v.cols[keep]))
     by_col = v.cols[keep][order]
-    col_gallery = position[v.rows[keep]][order]
+    index_type = np.int32 if v.size * max(n_gallery, 1) < 2**31 else np.int64  # b x G targets fit: half the traffic
+    col_gallery = position[v.rows[keep]][order].astype(index_type)
     col_values = v.values[keep][order]
     col_starts = np.searchsorted(by_col, np.arange(v.size + 1))
     col_sizes = np.diff(col_starts)
     row_starts = v.row_starts()
     pairs = np.bincount(v.rows, weights=col_sizes[v.cols], minlength=v.size)[query_rows]  # per query
-    dense_rows = max(1, int(memory_mb * 2**20 / (8 * 4 * max(n_gallery, 1))))
-    keep_original = 1.0 - settings.lambda_value
+    dense_rows = max(1, int(memory_mb * 2**20 / (24 * max(n_gallery, 1))))  # float32 sims, float64 min-sums, top-k
+    by_index = settings.lambda_value == 0  # then every item sharing nothing with the query has d* = 1: index order
     bar = progress_bar(total=len(query_rows), desc="re-ranking", unit="query",
                        disable=not progress or len(query_rows) * n_gallery < SHOWN_FROM)
     start = 0
@@ -255,27 +272,66 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
         while stop < len(query_rows) and stop - start < dense_rows and budget + pairs[stop] <= pair_budget:
             budget += pairs[stop]
             stop += 1
-        queries = query_rows[start:stop]
+        queries, b = query_rows[start:stop], stop - start
         lengths = row_starts[queries + 1] - row_starts[queries]
         entries = _ranges(row_starts[queries], lengths)  # V's entries of each query, by (query, column)
-        entry_query = np.repeat(np.arange(len(queries)), lengths)
-        entry_col, entry_value = v.cols[entries], v.values[entries]
+        entry_col = v.cols[entries]
         spans = col_sizes[entry_col]
-        matched = _ranges(col_starts[entry_col], spans)  # for each entry, the gallery rows sharing its column
-        entry = np.repeat(np.arange(len(entries)), spans)
-        mins = np.minimum(entry_value[entry], col_values[matched])
-        target = entry_query[entry] * n_gallery + col_gallery[matched]
-        shared = np.bincount(target, weights=mins, minlength=len(queries) * n_gallery).reshape(len(queries), -1)
-        jaccard = 1.0 - shared / (2.0 - shared)  # Eq. 11
-        distance = np.maximum(2.0 - 2.0 * query_sims(start, stop).double().cpu().numpy(), 0.0)
-        final = jaccard * keep_original + distance / row_max[queries][:, None] * settings.lambda_value  # Eq. 12
-        scores = torch.from_numpy(-final)
-        if own is not None:
-            rows = np.flatnonzero(own[start:stop] >= 0)
-            scores[rows, own[start:stop][rows]] = float("-inf")
-        values, indices = topk_stable(scores, k)
-        bar.update(stop - start)
-        yield start, values, indices
+        # each entry (query, column j, V_qj) against the gallery rows g of column j: min(V_qj, V_gj) added at (q, g)
+        matched = _ranges(col_starts[entry_col], spans)
+        mins = np.minimum(np.repeat(v.values[entries], spans), col_values[matched])
+        target = np.repeat(np.repeat(np.arange(b, dtype=index_type) * n_gallery, lengths), spans)
+        target += col_gallery[matched]
+        shared = np.bincount(target, weights=mins, minlength=b * n_gallery).reshape(b, n_gallery)  # in column order
+        sims = query_sims(start, stop).cpu()
+        mine = None if own is None else own[start:stop]
+        rows = np.arange(b) if mine is None else np.flatnonzero(mine >= 0)
+        if mine is not None:
+            shared[rows, mine[rows]] = 0.0
+            sims[rows, mine[rows]] = float("-inf")
+        near_q, near_g = np.nonzero(shared)  # by query, then gallery position
+        counts = np.bincount(near_q, minlength=b)
+        extra = int(counts.max(initial=0))
+        s = sims.numpy()
+        near_sims = s[near_q, near_g]
+        # the items sharing nothing, in the kNN's order (by index when λ = 0): the sharing ones (and own) masked
+        listed = min(k + 1, n_gallery)
+        if by_index:
+            key = -torch.arange(n_gallery, dtype=torch.float32).repeat(b, 1)
+            key[torch.isinf(sims)] = float("-inf")
+        else:
+            key = sims
+        key[near_q, near_g] = float("-inf")
+        found, plain = (t.numpy() for t in topk_stable(key, listed))
+        plain_ok = np.isfinite(found)
+        candidates = np.full((b, extra + listed), n_gallery, dtype=np.int64)
+        candidate_sims = np.zeros(candidates.shape, dtype=np.float32)
+        candidate_shared = np.zeros(candidates.shape)
+        slot = np.arange(len(near_q)) - np.repeat(np.cumsum(counts) - counts, counts)
+        candidates[near_q, slot] = near_g
+        candidate_sims[near_q, slot] = near_sims
+        candidate_shared[near_q, slot] = shared[near_q, near_g]
+        candidates[:, extra:] = np.where(plain_ok, plain, n_gallery)
+        candidate_sims[:, extra:] = np.take_along_axis(s, plain, 1) if not by_index else s[np.arange(b)[:, None], plain]
+        final = _final_distance(candidate_shared, candidate_sims, row_max[queries][:, None], settings)
+        final[candidates == n_gallery] = np.inf
+        order = np.lexsort((candidates, final), axis=1)[:, :k]  # by (d*, gallery position)
+        indices = np.take_along_axis(candidates, order, 1)
+        best = np.take_along_axis(final, order, 1)
+        # an item below the last listed one in the kNN order has at least its d*: it can only tie the k-th
+        cut = plain_ok[:, -1] & (listed < n_gallery) & (not by_index)
+        unsure = cut & (final[:, -1] <= best[:, -1])
+        for row in np.flatnonzero(unsure):  # rare: that query against the whole gallery
+            row_sims = s[row].copy()
+            mask = near_q == row
+            row_sims[near_g[mask]] = near_sims[mask]
+            whole = _final_distance(shared[row], row_sims, row_max[queries[row]], settings)
+            if mine is not None and mine[row] >= 0:
+                whole[mine[row]] = np.inf
+            order_row = np.lexsort((np.arange(n_gallery), whole))[:k]
+            indices[row], best[row] = order_row, whole[order_row]
+        bar.update(b)
+        yield start, torch.from_numpy(-best), torch.from_numpy(indices)
         start = stop
     bar.close()
 
@@ -324,7 +380,6 @@ def k_reciprocal_search(queries: torch.Tensor, gallery: torch.Tensor, k: int, se
     """Each query re-ranked alone against ``gallery`` (the set of the gallery and that query, the query first):
     ``(1 - d*, gallery ids)``, each (Q, k), best first. The gallery's neighbourhoods are found once; each query's
     joins them (an item's k nearest among the gallery and the query), so no answer depends on the other queries."""
-    from .knn import sort_candidates
     from .rerank import check_items
 
     n = gallery.shape[0]
