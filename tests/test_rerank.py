@@ -149,8 +149,18 @@ def reference_expand(x: np.ndarray, gallery: np.ndarray, n: int, alpha: float, o
 
 # -- k-reciprocal ---------------------------------------------------------------------------------------------------
 
+@pytest.fixture(params=["every item", "sharing items and the first others"])
+def final_path(request, monkeypatch):
+    """Both ways of ranking a block by d*: over every gallery item, or over the items sharing V's columns and the
+    first k + 1 others in kNN order (``kreciprocal.DENSE_FROM`` chooses by the share of pairs sharing a column)."""
+    import deepmetric.evaluation.kreciprocal as kreciprocal
+
+    monkeypatch.setattr(kreciprocal, "DENSE_FROM", 10**9 if request.param == "every item" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("k1,k2,lam", [(20, 6, 0.3), (4, 3, 0.3), (5, 1, 0.0), (3, 8, 1.0), (60, 2, 0.5)])
-def test_k_reciprocal_single_set_equals_the_slow_reference_bitwise(k1, k2, lam):
+def test_k_reciprocal_single_set_equals_the_slow_reference_bitwise(k1, k2, lam, final_path):
     x = dyadic_units(40, seed=k1 + k2)
     settings = KReciprocal(k1=k1, k2=k2, lambda_value=lam)
     expected = reference_k_reciprocal(x, range(40), range(40), k1, k2, lam)
@@ -164,7 +174,7 @@ def test_k_reciprocal_single_set_equals_the_slow_reference_bitwise(k1, k2, lam):
 
 
 @pytest.mark.parametrize("k1,k2,lam,k", [(3, 1, 1.0, 2), (2, 1, 0.5, 2), (1, 1, 1.0, 1), (5, 3, 0.0, 4)])
-def test_a_short_ranking_takes_the_kth_ties_from_the_whole_gallery(k1, k2, lam, k, monkeypatch):
+def test_a_short_ranking_takes_the_kth_ties_from_the_whole_gallery(k1, k2, lam, k, monkeypatch, final_path):
     # d* is computed for the items sharing V's columns and the first k + 1 others in kNN order; where the last of
     # those ties the k-th value (ties are everywhere here), the row is ranked over the whole gallery
     import deepmetric.evaluation.kreciprocal as kreciprocal
@@ -184,11 +194,11 @@ def test_a_short_ranking_takes_the_kth_ties_from_the_whole_gallery(k1, k2, lam, 
                                        KReciprocal(k1=k1, k2=k2, lambda_value=lam)))
         indices = torch.cat([b[2] for b in blocks]).numpy()
         assert indices.tolist() == [ranked[:k] for ranked in ranking(expected, np.arange(40))]
-    assert whole_rows or lam == 0.0  # by index (λ = 0) no row needs it
+    assert whole_rows or lam == 0.0 or final_path == "every item"  # by index (λ = 0) no row needs it
 
 
 @pytest.mark.parametrize("n_query", [1, 7])
-def test_k_reciprocal_query_gallery_sets_queries_first_and_removes_nothing(n_query):
+def test_k_reciprocal_query_gallery_sets_queries_first_and_removes_nothing(n_query, final_path):
     x = dyadic_units(36, seed=3)
     query, gallery = x[:n_query], x[n_query:]
     settings = KReciprocal(k1=6, k2=3)
@@ -199,7 +209,7 @@ def test_k_reciprocal_query_gallery_sets_queries_first_and_removes_nothing(n_que
     assert indices.tolist() == ranking(expected)
 
 
-def test_queries_partly_in_the_gallery_join_the_set_once():
+def test_queries_partly_in_the_gallery_join_the_set_once(final_path):
     # rows 0-4 are queries only, rows 5-29 gallery only, rows 30-35 both: the set is the 5 outside, then the gallery
     x = dyadic_units(36, seed=5)
     query = np.concatenate([x[:5], x[30:]])
@@ -240,7 +250,7 @@ def test_blocks_and_budgets_do_not_change_the_ranking():
         assert torch.equal(torch.cat([b[1] for b in other]), torch.cat([b[1] for b in runs[0]]))
 
 
-def test_k_reciprocal_search_answers_each_query_alone():
+def test_k_reciprocal_search_answers_each_query_alone(final_path):
     x = dyadic_units(33, seed=7)
     queries, gallery = x[:3], x[3:]
     settings = KReciprocal(k1=6, k2=3)
@@ -256,7 +266,7 @@ def test_k_reciprocal_search_answers_each_query_alone():
     assert np.array_equal(one[1][0], ids[1]) and np.array_equal(one[0][0], scores[1])
 
 
-def test_k_reciprocal_on_random_floats_ranks_as_the_reference():
+def test_k_reciprocal_on_random_floats_ranks_as_the_reference(final_path):
     # generic float32 embeddings (no ties): the reference's float64 similarities differ from the float32 products in
     # the last bits, so d* agrees to 1e-6 and the rankings exactly (no two d* of a row are that close here)
     rng = np.random.default_rng(0)

@@ -24,7 +24,8 @@ The steps, each a function below:
   blocked pass of products (memory ``block x items``, as the kNN's);
 - ``reciprocal_mask``: R(i, k) = {j in N(i, k) : i in N(j, k)} (Eq. 4);
 - ``expanded_sets``: R*(i, k1) = R(i, k1) ∪ R(q, k1/2) for the q that pass the 2/3 rule (Eq. 6);
-- ``encode``: V_{i,j} = exp(-d~(i, j)) / Σ over R*(i) for j in R*(i), else 0 (Eq. 7);
+- ``encode``: V_{i,j} = exp(-d~(i, j)) / Σ over R*(i) for j in R*(i), else 0 (Eq. 7), the similarities
+  from the products of the first pass where j was listed, else a dot product (``member_sims``);
 - ``local_expansion``: V_i <- mean of V_j over N(i, k2) (Eq. 10);
 - ``reranked_blocks``: d_J(p, g) = 1 - Σ_j min(V_pj, V_gj) / Σ_j max(V_pj, V_gj) = 1 - m / (2 - m) with
   m = Σ_j min(V_pj, V_gj) (Eqs. 9, 11), by an inverted index over V's columns, and
@@ -113,17 +114,27 @@ def neighbour_graph(x: torch.Tensor, k: int, memory_mb: float = 256.0, engine: s
     return NeighbourGraph(lists, sims, row_min)
 
 
+class PairSet:
+    """A set of pairs (i, j) of items of a set of n, looked up many at a time (as keys ``i (n + 1) + j``, sorted)."""
+
+    def __init__(self, rows: np.ndarray, cols: np.ndarray, n: int):
+        self.n = n
+        self.keys = np.sort(rows * (n + 1) + cols)
+
+    def contains(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        keys = rows * (self.n + 1) + cols
+        if not len(self.keys):
+            return np.zeros(keys.shape, dtype=bool)
+        where = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return self.keys[where] == keys
+
+
 def reciprocal_mask(lists: np.ndarray) -> np.ndarray:
     """R(i, k) (Eq. 4) as a mask over ``lists`` (U, K), each row N(i, K - 1) with i first: ``lists[i, m]`` is in
     R(i, K - 1) when i is in its own list."""
-    n, width = lists.shape
-    mask = np.empty(lists.shape, dtype=bool)
-    step = max(1, 2**22 // (width * width))
-    for start in range(0, n, step):
-        block = lists[start:start + step]
-        back = lists[block]  # (b, K, K): the lists of each neighbour
-        mask[start:start + step] = (back == np.arange(start, start + len(block))[:, None, None]).any(axis=2)
-    return mask
+    n = len(lists)
+    rows = np.broadcast_to(np.arange(n)[:, None], lists.shape)
+    return PairSet(rows.ravel(), lists.ravel(), n).contains(lists, rows)  # (j, i) listed: i in N(j)
 
 
 def expanded_sets(lists: np.ndarray, k1: int) -> np.ndarray:
@@ -136,13 +147,16 @@ def expanded_sets(lists: np.ndarray, k1: int) -> np.ndarray:
     width = full.shape[1]
     half = full[:, :min(round(k1 / 2) + 1, width)]
     in_full, in_half = reciprocal_mask(full), reciprocal_mask(half)
+    rows_full = np.broadcast_to(np.arange(n)[:, None], full.shape)
+    mine = PairSet(rows_full[in_full], full[in_full], n)  # (i, j): j in R(i, k1)
     parts = []
-    step = max(1, 2**23 // (width * width * half.shape[1]))
+    step = max(1, 2**22 // (width * half.shape[1]))
     for start in range(0, n, step):
         candidates, kept = full[start:start + step], in_full[start:start + step]  # (b, K): R(i, k1) where kept
         their_half = half[candidates]  # (b, K, H): N(q, h) of each candidate q
         their_set = in_half[candidates]  # (b, K, H): which of those are in R(q, h)
-        in_mine = ((their_half[..., None] == candidates[:, None, None, :]) & kept[:, None, None, :]).any(axis=3)
+        rows = np.arange(start, start + len(candidates))[:, None, None]
+        in_mine = mine.contains(np.broadcast_to(rows, their_half.shape), their_half)
         count = (in_mine & their_set).sum(axis=2)
         size = their_set.sum(axis=2)
         joins = kept & (3 * count > 2 * size)  # (b, K)
@@ -159,18 +173,41 @@ def expanded_sets(lists: np.ndarray, k1: int) -> np.ndarray:
     return np.concatenate([part[:, :width_used] for part in parts])
 
 
-def encode(members: np.ndarray, x: torch.Tensor, row_max: np.ndarray, memory_mb: float = 64.0) -> np.ndarray:
-    """V (Eq. 7) over ``members`` (U, W; padded with U): ``exp(-d~(i, j))`` normalised to sum 1 over R*(i), 0 at the
-    padding; (U, W) float64. The similarities are float32 dot products of the members' rows of ``x``."""
+def member_sims(members: np.ndarray, graph: NeighbourGraph, x: torch.Tensor, memory_mb: float = 64.0) -> np.ndarray:
+    """s(i, j) for every member j of row i (``members`` (U, W), padded with U; float64, 0 at the padding and at j = i):
+    from ``graph`` where j is among i's listed neighbours (the products that ranked them), else a float32 dot product
+    of the two rows of ``x``."""
     n, width = members.shape
-    valid = members < n
-    safe = np.where(valid, members, 0)
-    sims = np.empty(members.shape, dtype=np.float64)
-    rows = max(1, int(memory_mb * 2**20 / (4 * max(width, 1) * x.shape[1])))
+    depth = graph.sims.shape[1]
+    listed = (np.arange(n)[:, None] * (n + 1) + graph.lists[:, 1:]).ravel()  # (row, neighbour) as one key
+    order = np.argsort(listed)
+    listed, listed_sims = listed[order], graph.sims.ravel()[order]
+    wanted = members < n
+    wanted &= members != np.arange(n)[:, None]
+    rows, cols = np.nonzero(wanted)
+    keys = rows * (n + 1) + members[rows, cols]
+    where = np.minimum(np.searchsorted(listed, keys), max(len(listed) - 1, 0))
+    found = listed[where] == keys if depth else np.zeros(len(keys), dtype=bool)
+    values = np.zeros(len(keys))
+    values[found] = listed_sims[where[found]]
+    missing = np.flatnonzero(~found)
+    step = max(1, int(memory_mb * 2**20 / (8 * x.shape[1])))
     cpu = x.cpu()
-    for start in range(0, n, rows):
-        chosen = cpu[torch.from_numpy(safe[start:start + rows])]  # (r, W, D)
-        sims[start:start + rows] = torch.bmm(chosen, cpu[start:start + rows, :, None])[..., 0].double().numpy()
+    for start in range(0, len(missing), step):
+        chosen = missing[start:start + step]
+        left = cpu[torch.from_numpy(rows[chosen])]
+        right = cpu[torch.from_numpy(members[rows[chosen], cols[chosen]])]
+        values[chosen] = (left * right).sum(dim=1).double().numpy()
+    sims = np.zeros(members.shape)
+    sims[rows, cols] = values
+    return sims
+
+
+def encode(members: np.ndarray, sims: np.ndarray, row_max: np.ndarray) -> np.ndarray:
+    """V (Eq. 7) over ``members`` (U, W; padded with U) whose similarities to their row's item are ``sims``:
+    ``exp(-d~(i, j))`` normalised to sum 1 over R*(i), 0 at the padding; (U, W) float64."""
+    n = len(members)
+    valid = members < n
     distance = 2.0 - 2.0 * sims
     distance[members == np.arange(n)[:, None]] = 0.0
     weights = np.where(valid, np.exp(-(distance / row_max[:, None])), 0.0)
@@ -232,6 +269,78 @@ def _final_distance(shared: np.ndarray, sims: np.ndarray, row_max: np.ndarray, s
         return jaccard * (1.0 - settings.lambda_value) + distance / row_max * settings.lambda_value
 
 
+DENSE_FROM = 8
+"""A block of queries gets d* for every gallery item when more than 1 / DENSE_FROM of its (query, item) pairs share a
+column of V; below, only for those and the first k + 1 others in kNN order (``_sharing_and_first_others``)."""
+
+
+def _smallest(final: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k smallest values of ``final`` (b, W) by (value asc, id asc) (``ids`` (b, W), default the column),
+    exact under ties: the k-th value by a partition, then everything at most that value sorted. Every row must hold
+    at least k values below +inf."""
+    b = len(final)
+    kth = np.partition(final, k - 1, axis=1)[:, k - 1:k]
+    rows, cols = np.nonzero(final <= kth)
+    chosen_ids = cols if ids is None else ids[rows, cols]
+    order = np.lexsort((chosen_ids, final[rows, cols], rows))
+    rows, cols, chosen_ids = rows[order], cols[order], chosen_ids[order]
+    rank = np.arange(len(rows)) - np.searchsorted(rows, np.arange(b))[rows]
+    keep = rank < k
+    return final[rows[keep], cols[keep]].reshape(b, k), chosen_ids[keep].reshape(b, k)
+
+
+def _every_item(shared: np.ndarray, sims: np.ndarray, row_max: np.ndarray, k: int, settings: KReciprocal,
+                rows: np.ndarray, mine: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """d* of every (query, gallery item) of the block, and each query's k smallest."""
+    final = _final_distance(shared, sims, row_max[:, None], settings)
+    if mine is not None:
+        final[rows, mine[rows]] = np.inf
+    return _smallest(final, k)
+
+
+def _sharing_and_first_others(shared: np.ndarray, sims: torch.Tensor, row_max: np.ndarray, k: int,
+                              settings: KReciprocal) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k smallest d* from the items sharing a column of V with it and the first k + 1 others in kNN
+    order (by index when λ = 0), which hold them: d* of an item sharing nothing is ``(1 - λ) + λ d~``, which never
+    falls along the kNN order. Where the last of those others ties the k-th value, an item further down could tie it
+    with a smaller index: that query is ranked over every item. ``sims`` has -inf at each query's own row."""
+    b, n_gallery = shared.shape
+    near_q, near_g = np.nonzero(shared)  # by query, then gallery position
+    counts = np.bincount(near_q, minlength=b)
+    extra = int(counts.max(initial=0))
+    s = sims.numpy()
+    near_sims = s[near_q, near_g]
+    listed = min(k + 1, n_gallery)
+    by_index = settings.lambda_value == 0
+    if by_index:  # then every item sharing nothing has d* = 1: index order
+        key = -torch.arange(n_gallery, dtype=torch.float32).repeat(b, 1)
+        key[torch.isinf(sims)] = float("-inf")
+    else:
+        key = sims.clone()
+    key[near_q, near_g] = float("-inf")
+    found, plain = (t.numpy() for t in topk_stable(key, listed))
+    plain_ok = np.isfinite(found)
+    candidates = np.full((b, extra + listed), n_gallery, dtype=np.int64)
+    candidate_sims = np.zeros(candidates.shape, dtype=np.float32)
+    candidate_shared = np.zeros(candidates.shape)
+    slot = np.arange(len(near_q)) - np.repeat(np.cumsum(counts) - counts, counts)
+    candidates[near_q, slot] = near_g
+    candidate_sims[near_q, slot] = near_sims
+    candidate_shared[near_q, slot] = shared[near_q, near_g]
+    candidates[:, extra:] = np.where(plain_ok, plain, n_gallery)
+    candidate_sims[:, extra:] = np.take_along_axis(s, plain, 1)
+    final = _final_distance(candidate_shared, candidate_sims, row_max[:, None], settings)
+    final[candidates == n_gallery] = np.inf
+    best, indices = _smallest(final, k, candidates)
+    # an item below the last listed one in the kNN order has at least its d*: it can only tie the k-th
+    unsure = plain_ok[:, -1] & (listed < n_gallery) & (not by_index) & (final[:, -1] <= best[:, -1])
+    for row in np.flatnonzero(unsure):  # rare: that query against the whole gallery
+        whole = _final_distance(shared[row], s[row], row_max[row], settings)
+        whole[np.isinf(s[row])] = np.inf  # its own row
+        best[row], indices[row] = (t[0] for t in _smallest(whole[None], k))
+    return best, indices
+
+
 def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndarray, row_max: np.ndarray,
                     query_sims: Callable[[int, int], torch.Tensor], k: int, settings: KReciprocal,
                     own: np.ndarray | None = None, memory_mb: float = 256.0, pair_budget: int = 2**22,
@@ -262,7 +371,6 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
     row_starts = v.row_starts()
     pairs = np.bincount(v.rows, weights=col_sizes[v.cols], minlength=v.size)[query_rows]  # per query
     dense_rows = max(1, int(memory_mb * 2**20 / (24 * max(n_gallery, 1))))  # float32 sims, float64 min-sums, top-k
-    by_index = settings.lambda_value == 0  # then every item sharing nothing with the query has d* = 1: index order
     bar = progress_bar(total=len(query_rows), desc="re-ranking", unit="query",
                        disable=not progress or len(query_rows) * n_gallery < SHOWN_FROM)
     start = 0
@@ -289,47 +397,10 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
         if mine is not None:
             shared[rows, mine[rows]] = 0.0
             sims[rows, mine[rows]] = float("-inf")
-        near_q, near_g = np.nonzero(shared)  # by query, then gallery position
-        counts = np.bincount(near_q, minlength=b)
-        extra = int(counts.max(initial=0))
-        s = sims.numpy()
-        near_sims = s[near_q, near_g]
-        # the items sharing nothing, in the kNN's order (by index when λ = 0): the sharing ones (and own) masked
-        listed = min(k + 1, n_gallery)
-        if by_index:
-            key = -torch.arange(n_gallery, dtype=torch.float32).repeat(b, 1)
-            key[torch.isinf(sims)] = float("-inf")
+        if np.count_nonzero(shared) * DENSE_FROM > shared.size:
+            best, indices = _every_item(shared, sims.numpy(), row_max[queries], k, settings, rows, mine)
         else:
-            key = sims
-        key[near_q, near_g] = float("-inf")
-        found, plain = (t.numpy() for t in topk_stable(key, listed))
-        plain_ok = np.isfinite(found)
-        candidates = np.full((b, extra + listed), n_gallery, dtype=np.int64)
-        candidate_sims = np.zeros(candidates.shape, dtype=np.float32)
-        candidate_shared = np.zeros(candidates.shape)
-        slot = np.arange(len(near_q)) - np.repeat(np.cumsum(counts) - counts, counts)
-        candidates[near_q, slot] = near_g
-        candidate_sims[near_q, slot] = near_sims
-        candidate_shared[near_q, slot] = shared[near_q, near_g]
-        candidates[:, extra:] = np.where(plain_ok, plain, n_gallery)
-        candidate_sims[:, extra:] = np.take_along_axis(s, plain, 1) if not by_index else s[np.arange(b)[:, None], plain]
-        final = _final_distance(candidate_shared, candidate_sims, row_max[queries][:, None], settings)
-        final[candidates == n_gallery] = np.inf
-        order = np.lexsort((candidates, final), axis=1)[:, :k]  # by (d*, gallery position)
-        indices = np.take_along_axis(candidates, order, 1)
-        best = np.take_along_axis(final, order, 1)
-        # an item below the last listed one in the kNN order has at least its d*: it can only tie the k-th
-        cut = plain_ok[:, -1] & (listed < n_gallery) & (not by_index)
-        unsure = cut & (final[:, -1] <= best[:, -1])
-        for row in np.flatnonzero(unsure):  # rare: that query against the whole gallery
-            row_sims = s[row].copy()
-            mask = near_q == row
-            row_sims[near_g[mask]] = near_sims[mask]
-            whole = _final_distance(shared[row], row_sims, row_max[queries[row]], settings)
-            if mine is not None and mine[row] >= 0:
-                whole[mine[row]] = np.inf
-            order_row = np.lexsort((np.arange(n_gallery), whole))[:k]
-            indices[row], best[row] = order_row, whole[order_row]
+            best, indices = _sharing_and_first_others(shared, sims, row_max[queries], k, settings)
         bar.update(b)
         yield start, torch.from_numpy(-best), torch.from_numpy(indices)
         start = stop
@@ -339,7 +410,7 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
 def encode_all(graph: NeighbourGraph, x: torch.Tensor, settings: KReciprocal) -> SparseRows:
     """V after the local query expansion (Eqs. 6, 7, 10) of every item of ``graph`` (``x``: their embeddings)."""
     members = expanded_sets(graph.lists, settings.k1)
-    v = encode(members, x, graph.row_max_distance())
+    v = encode(members, member_sims(members, graph, x), graph.row_max_distance())
     return local_expansion(members, v, graph.lists, settings.k2)
 
 
