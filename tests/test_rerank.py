@@ -364,7 +364,7 @@ def test_settings_are_checked_and_named():
     assert KReciprocal().to_dict() == {"method": "k-reciprocal", "k1": 20, "k2": 6, "lambda_value": 0.3}
 
 
-def test_beyond_the_bound_is_one_message_naming_the_option_that_raises_it():
+def test_beyond_the_bound_is_one_message_naming_the_option_that_raises_it(monkeypatch):
     x = dyadic_units(30)
     labels = np.repeat(np.arange(10), 3)
     for settings in (KReciprocal(max_items=29), QueryExpansion(dba_n=3, max_items=29)):
@@ -373,6 +373,16 @@ def test_beyond_the_bound_is_one_message_naming_the_option_that_raises_it():
     retrieval_metrics(x, labels, nmi=False, rerank=QueryExpansion(qe_n=3, max_items=2))  # αQE alone: no pairs
     with pytest.raises(DeepMetricError, match="31 gallery items and the query"):
         reranked_search(torch.from_numpy(x[:1]), torch.from_numpy(x), 3, KReciprocal(max_items=30))
+    # the defaults: an evaluation's bound, and a lower one for a search, which relates the gallery at every call
+    import deepmetric.evaluation.rerank as rerank
+
+    monkeypatch.setattr(rerank, "MAX_ITEMS", 29)
+    monkeypatch.setattr(rerank, "MAX_SEARCH_ITEMS", 10)
+    with pytest.raises(DeepMetricError, match=r"the 30 queries and gallery items, more than its bound of 29: "):
+        retrieval_metrics(x, labels, nmi=False, rerank="k-reciprocal")
+    with pytest.raises(DeepMetricError, match=r"the 11 gallery items, more than its bound of 10 for a search"):
+        reranked_search(torch.from_numpy(x[:1]), torch.from_numpy(x[:11]), 3, rerank_settings("dba"))
+    reranked_search(torch.from_numpy(x[:1]), torch.from_numpy(x[:9]), 3, rerank_settings("k-reciprocal"))
 
 
 # -- the command line and the Python index --------------------------------------------------------------------------

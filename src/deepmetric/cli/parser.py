@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import __version__
 from ..evaluation.engines import KNN_ENGINES
-from ..evaluation.rerank import MAX_ITEMS, QE_N, RERANK_METHODS
+from ..evaluation.rerank import MAX_ITEMS, MAX_SEARCH_ITEMS, QE_N, RERANK_METHODS
 from . import commands
 
 
@@ -48,8 +48,8 @@ def _add_rerank_options(p: argparse.ArgumentParser) -> None:
                    help=f"dba: neighbours a gallery item is augmented with (default {QE_N})")
     g.add_argument("--alpha", type=_number(float, 0), help="qe, dba: weights are similarity^alpha (default 3)")
     g.add_argument("--rerank-max-items", type=_number(int, 2), metavar="N",
-                   help=f"refuse k-reciprocal and dba beyond N items (default {MAX_ITEMS:,}): their time grows as "
-                   "the square of the items")
+                   help=f"refuse k-reciprocal and dba beyond N items (default {MAX_ITEMS:,}; in a search "
+                   f"{MAX_SEARCH_ITEMS:,}): their time grows as the square of the items")
 
 def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """The options every command that loads a run's model shares: checkpoint, batch size, progress."""

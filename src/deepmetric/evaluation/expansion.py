@@ -43,11 +43,12 @@ def expand(x: torch.Tensor, gallery: torch.Tensor, n: int, alpha: float, self_in
 
 
 def expanded_embeddings(query: torch.Tensor, gallery: torch.Tensor, self_index: torch.Tensor | None,
-                        settings: QueryExpansion, memory_mb: float = 256.0,
-                        engine: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(queries, gallery)`` after DBA (``settings.dba_n``) then αQE (``settings.qe_n``)."""
+                        settings: QueryExpansion, memory_mb: float = 256.0, engine: str = "auto",
+                        search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(queries, gallery)`` after DBA (``settings.dba_n``) then αQE (``settings.qe_n``); ``search``: the bound on
+    DBA's gallery is a search's (``rerank.check_items``)."""
     if settings.dba_n:
-        check_items(settings, gallery.shape[0], "gallery items")
+        check_items(settings, gallery.shape[0], "gallery items", search)
         gallery = expand(gallery, gallery, settings.dba_n, settings.alpha, torch.arange(gallery.shape[0]), memory_mb,
                          engine)
     if settings.qe_n:

@@ -454,7 +454,7 @@ def k_reciprocal_search(queries: torch.Tensor, gallery: torch.Tensor, k: int, se
     from .rerank import check_items
 
     n = gallery.shape[0]
-    check_items(settings, n + 1, "gallery items and the query")
+    check_items(settings, n + 1, "gallery items and the query", search=True)
     depth = max(settings.k1, settings.k2 - 1)
     base = neighbour_graph(gallery, depth, engine=engine)
     engine = product_engine(engine)

@@ -23,12 +23,15 @@ from ..errors import DeepMetricError
 RERANK_METHODS = ("k-reciprocal", "qe", "dba", "dba+qe")
 """The re-rankings ``--rerank`` names: k-reciprocal encoding, αQE, DBA, DBA then αQE."""
 
-MAX_ITEMS = 20_000
-"""The most items k-reciprocal re-ranking and DBA relate pairwise by default (``max_items``; the command line's
-``--rerank-max-items``): the union of queries and gallery for k-reciprocal, the gallery for DBA. Measured in
-``benchmarks/rerank_cost.py`` (docs/benchmarks.md, "Re-ranking"): the cost grows as the square of the items (one
-pass of products over every pair, like the evaluation itself), and at 20,000 items k-reciprocal evaluation takes
-about a minute on 2 CPU cores; a search recomputes the gallery's neighbourhoods at every call."""
+MAX_ITEMS = 70_000
+"""The most items an evaluation re-ranks by k-reciprocal encoding (the queries and the gallery together) or augments
+by DBA (the gallery) unless told otherwise (``max_items``; the command line's ``--rerank-max-items``). Their time
+grows as the square of the items, at 4 to 8 times the plain evaluation's (``benchmarks/rerank_cost.py``,
+docs/benchmarks.md, "Re-ranking"): every benchmark of the field fits (SOP's 60,502 the largest)."""
+
+MAX_SEARCH_ITEMS = 20_000
+"""The same bound for a search (``deepmetric search``, ``Index.search``), which relates the whole gallery again at
+every call before it re-ranks each query alone (docs/benchmarks.md, "Re-ranking")."""
 
 QE_N = 10
 """Default neighbours of αQE and DBA (fast-reid's ``aqe``, ``qe_k=10``; the paper tunes n on landmark sets with tens of
@@ -53,19 +56,21 @@ def _number(name: str, value: Any, low: float, high: float | None = None) -> flo
 class KReciprocal:
     """k-reciprocal re-ranking (Zhong et al. 2017): ``k1`` neighbours of the k-reciprocal sets (Eq. 4; ``k1/2``
     for the expansion of Eq. 6), ``k2`` of the local query expansion (Eq. 10), ``lambda_value`` the weight of the
-    original distance (Eq. 12); ``max_items`` the bound on the items it relates (``MAX_ITEMS``)."""
+    original distance (Eq. 12); ``max_items`` the bound on the items it relates (None: ``MAX_ITEMS`` in an
+    evaluation, ``MAX_SEARCH_ITEMS`` in a search)."""
 
     k1: int = 20
     k2: int = 6
     lambda_value: float = 0.3
-    max_items: int = MAX_ITEMS
+    max_items: int | None = None
     method: ClassVar[str] = "k-reciprocal"
 
     def __post_init__(self) -> None:
         _whole("k1", self.k1, 1)
         _whole("k2", self.k2, 1)
         _number("lambda", self.lambda_value, 0.0, 1.0)
-        _whole("max_items", self.max_items, 2)
+        if self.max_items is not None:
+            _whole("max_items", self.max_items, 2)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a record writes them (``max_items`` left out: it changes no figure)."""
@@ -76,18 +81,20 @@ class KReciprocal:
 class QueryExpansion:
     """α-weighted query expansion over ``qe_n`` neighbours (0: none) after database-side augmentation over
     ``dba_n`` (0: none), weights ``max(s, 0)^alpha`` (Radenović et al. 2018; ``alpha=0`` is average query
-    expansion); ``max_items`` bounds DBA's gallery (``MAX_ITEMS``)."""
+    expansion); ``max_items`` bounds DBA's gallery (None: ``MAX_ITEMS`` in an evaluation, ``MAX_SEARCH_ITEMS`` in a
+    search)."""
 
     qe_n: int = QE_N
     dba_n: int = 0
     alpha: float = 3.0
-    max_items: int = MAX_ITEMS
+    max_items: int | None = None
 
     def __post_init__(self) -> None:
         _whole("qe_n", self.qe_n, 0)
         _whole("dba_n", self.dba_n, 0)
         _number("alpha", self.alpha, 0.0)
-        _whole("max_items", self.max_items, 2)
+        if self.max_items is not None:
+            _whole("max_items", self.max_items, 2)
         if not self.qe_n and not self.dba_n:
             raise DeepMetricError("re-ranking: qe_n and dba_n are both 0, which re-ranks nothing")
 
@@ -138,13 +145,16 @@ def as_rerank(value: Rerank | str | None) -> Rerank | None:
                           f"(KReciprocal, QueryExpansion), got {type(value).__name__}")
 
 
-def check_items(settings: Rerank, items: int, what: str) -> None:
-    """Refuse relating more than ``settings.max_items`` items pairwise, in one message naming the way to raise it."""
-    if items > settings.max_items:
+def check_items(settings: Rerank, items: int, what: str, search: bool = False) -> None:
+    """Refuse relating more than ``settings.max_items`` items pairwise (by default ``MAX_ITEMS``, or
+    ``MAX_SEARCH_ITEMS`` in a ``search``), in one message naming the way to raise the bound."""
+    bound = settings.max_items if settings.max_items is not None else MAX_SEARCH_ITEMS if search else MAX_ITEMS
+    if items > bound:
         raise DeepMetricError(
             f"{settings.method} re-ranking relates every pair of the {items:,} {what}, more than its bound of "
-            f"{settings.max_items:,}: its time grows as the square of the items (docs/benchmarks.md, 'Re-ranking'); "
-            "raise the bound with --rerank-max-items (max_items= in Python) if you can wait")
+            f"{bound:,}{' for a search' if search else ''}: its time grows as the square of the items "
+            "(docs/benchmarks.md, 'Re-ranking'); raise the bound with --rerank-max-items (max_items= in Python) if "
+            "you can wait")
 
 
 def reranked_knn(query: Any, gallery: Any, k: int, self_index: Any, settings: Rerank, memory_mb: float = 256.0,
@@ -175,6 +185,6 @@ def reranked_search(queries: Any, gallery: Any, k: int, settings: Rerank, engine
     from .expansion import expanded_embeddings
     from .knn import knn
 
-    queries, gallery = expanded_embeddings(queries, gallery, None, settings, engine=engine)
+    queries, gallery = expanded_embeddings(queries, gallery, None, settings, engine=engine, search=True)
     scores, ids = knn(queries, gallery, min(k, gallery.shape[0]), engine=engine)
     return scores.double().numpy(), ids.numpy()
