@@ -22,6 +22,7 @@ from .errors import CheckpointError, RunInUse
 from .evaluation import EmbedSettings, embed_table, split_metrics
 from .evaluation.evaluator import split_metrics_per_query
 from .evaluation.per_query import per_query_path, save_per_query, table_identity
+from .evaluation.rerank import Rerank
 from .evaluation.table import format_table
 from .io import (
     atomic_write_bytes,
@@ -57,17 +58,22 @@ def held_for_evaluation(run: RunDir) -> Iterator[None]:
 
 
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, rerank: Rerank | None = None) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the test split; writes and returns the record of ``RUN/metrics.json`` (the
     run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``, and each query's
     results beside it (``per-query.npz`` / ``per-query-last.npz``: ``evaluation/per_query.py``), from the same
     ranking; on another data set (``data_spec`` not the run's own), of ``RUN/metrics-on-<data>.json`` and
-    ``per-query-on-<data>.npz`` (``RunDir.test_metrics_of``)."""
-    return evaluate_run_embeddings(run_dir, data_spec, which, progress)[0]
+    ``per-query-on-<data>.npz`` (``RunDir.test_metrics_of``).
+
+    With ``rerank`` (``evaluation/rerank.py``) the figures are those after re-ranking, with the settings and the
+    same ranking metrics without it (``without_rerank``), in files of their own that leave the run's record as it
+    was: ``metrics-rerank-<method>.json`` (``metrics-last-rerank-…``, ``metrics-on-<data>-rerank-…``) and its
+    per-query file."""
+    return evaluate_run_embeddings(run_dir, data_spec, which, progress, rerank)[0]
 
 
 def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
-                            progress: bool = True) -> tuple[dict[str, Any], np.ndarray]:
+                            progress: bool = True, rerank: Rerank | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """``evaluate_run``, also returning the test split's embeddings (rows in the split's order), so that a
     report of the same checkpoint need not embed the split again."""
     run = RunDir(run_dir)
@@ -84,12 +90,20 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         part = table.split("test")
         embeddings = embed_table(model, part, EmbedSettings.from_config(config, device, progress),
                                  desc="embedding test")
-        metrics, per_query = split_metrics_per_query(embeddings, part, config.eval.recall_at or table.recall_at,
-                                                     config.eval.nmi, config.eval.engine, progress)
+        recall_at = config.eval.recall_at or table.recall_at
+        metrics, per_query = split_metrics_per_query(embeddings, part, recall_at, config.eval.nmi, config.eval.engine,
+                                                     progress, rerank)
         identity = table_identity(part)
-        record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, metrics=metrics,
+        results: dict[str, Any] = {"metrics": metrics}
+        if rerank is not None:  # the same ranking metrics without it, for comparison (NMI does not change)
+            plain = split_metrics(embeddings, part, recall_at, False, config.eval.engine, progress=False)
+            nmi = {"nmi": metrics["nmi"]} if "nmi" in metrics else {}
+            results.update(rerank=rerank.to_dict(), without_rerank={**plain, **nmi})
+        record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, **results,
                               queries_sha256=identity["queries_sha256"])
         target = run.test_metrics_of(checkpoint, other_data)
+        if rerank is not None:
+            target = target.with_name(f"{target.stem}-rerank-{rerank.method}.json")
         save_per_query(per_query_path(target), per_query, identity)  # first: metrics.json marks the run finished
         atomic_write_text(target, to_json(record, indent=2))
         if other_data is not None:
@@ -188,7 +202,11 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
     rows = {}
     if run.baseline.is_file():
         rows["untrained backbone"] = read_json_object(run.baseline).get("metrics", {})
-    rows[f"trained ({record['checkpoint']}, step {record['step']})"] = record["metrics"]
+    trained = f"trained ({record['checkpoint']}, step {record['step']})"
+    if "rerank" in record:  # the same checkpoint without and with the re-ranking
+        rows[trained] = record["without_rerank"]
+        trained += f" + {record['rerank']['method']}"
+    rows[trained] = record["metrics"]
     title = (f"{record['data']} test split: {record['test_images']:,} images of {record['test_classes']:,} "
              "classes unseen in training (values in %)")
     return title + "\n" + format_table(rows)

@@ -16,6 +16,7 @@ from PIL import Image
 from ..data.image_inputs import ImageInput, image_items, is_vectors, unit_rows
 from ..data.listing import folder_holding
 from ..errors import DataError, IndexStoreError
+from ..evaluation.rerank import Rerank, as_rerank
 from ..io import check_writable
 from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
@@ -264,7 +265,7 @@ class Index(IndexSearcher):
         return list(range(start, self.count))
 
     def search(self, queries: Any, k: int = 10, batch_size: int | None = None,
-               progress: bool | None = None) -> list[list[Hit]]:
+               progress: bool | None = None, rerank: Rerank | str | None = None) -> list[list[Hit]]:
         """The ``k`` nearest items (at most the index size) of each query, best first: one list of ``Hit`` (``id``,
         ``name``, cosine ``score``) per query, also for a single query.
 
@@ -277,19 +278,26 @@ class Index(IndexSearcher):
             k: how many hits per query.
             batch_size: images per forward pass, as ``TrainedRun.embed``.
             progress: a progress bar, as ``TrainedRun.embed``.
+            rerank: re-rank each query alone against every item, as ``deepmetric search --rerank``:
+                ``"k-reciprocal"``, ``"qe"``, ``"dba"``, ``"dba+qe"`` (their defaults) or settings
+                (``deepmetric.evaluation.rerank.KReciprocal(k1=20, k2=6, lambda_value=0.3)``,
+                ``QueryExpansion(qe_n=10, dba_n=0, alpha=3.0)``); the score is then ``1 - d*`` (k-reciprocal) or
+                the cosine of the expanded query and the (augmented) item.
 
         Examples:
             >>> hits = index.search("query.jpg", k=5)[0]
             >>> [(h.name, round(h.score, 3)) for h in hits]
+            >>> index.search("query.jpg", k=5, rerank="k-reciprocal")[0]
         """
         check_k(k)  # before any embedding work
+        rerank = as_rerank(rerank)
         if is_vectors(queries, "the queries", self._embeds_images):
             x = unit_rows(queries, self.embedding_dim, "the queries")
         else:
             x = self.run.embed(queries, batch_size=batch_size, progress=progress)
         if len(x) == 0:
             return []
-        return self.search_vectors(x, k)
+        return self.search_vectors(x, k, rerank)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Write the index; returns its folder.

@@ -215,18 +215,45 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+RERANK_FLAGS = {"k1": "--k1", "k2": "--k2", "lambda_value": "--lambda", "qe_n": "--qe-n", "dba_n": "--dba-n",
+                "alpha": "--alpha"}
+
+
+def rerank_from_args(args: argparse.Namespace) -> Any:
+    """The ``--rerank`` settings (``evaluation/rerank.py``), or None; an option the method does not take is refused,
+    naming the flag."""
+    from ..evaluation.rerank import OPTIONS, rerank_settings
+
+    given = [name for name in RERANK_FLAGS if getattr(args, name, None) is not None]
+    if args.rerank is None:
+        if given or args.rerank_max_items is not None:
+            flag = RERANK_FLAGS[given[0]] if given else "--rerank-max-items"
+            raise DeepMetricError(f"{flag} is an option of re-ranking: give --rerank too (one of "
+                                  f"{', '.join(OPTIONS)})")
+        return None
+    foreign = [name for name in given if name not in OPTIONS[args.rerank]]
+    if foreign:
+        takes = " ".join(RERANK_FLAGS[name] for name in OPTIONS[args.rerank])
+        raise DeepMetricError(f"--rerank {args.rerank} takes no {RERANK_FLAGS[foreign[0]]} (its options: {takes})")
+    return rerank_settings(args.rerank, args.rerank_max_items, **{name: getattr(args, name) for name in given})
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..evaluation.table import format_table
     from ..workflows import evaluate_all_embeddings, evaluate_run, results_table
 
+    rerank = rerank_from_args(args)
     if args.all_embeddings:
         if args.data:
             raise DeepMetricError("--all-embeddings evaluates the run's own data set; leave out --data")
+        if rerank is not None:
+            raise DeepMetricError("--rerank re-ranks the model's own embedding; leave out --all-embeddings")
         record = evaluate_all_embeddings(args.run_dir, which=args.checkpoint, pca_dim=args.pca_dim,
                                          progress=not args.quiet)
         say(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
         return 0
-    record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet)
+    record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet,
+                          rerank=rerank)
     say(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
     return 0
 
@@ -281,12 +308,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     from ..data.listing import list_images_of
     from ..retrieval import Searcher
 
+    rerank = rerank_from_args(args)
     queries = list_images_of(args.image)
     searcher = Searcher(args.index_dir)
     if args.k > searcher.count:  # a note on stderr (not with --json or --quiet): the results are all there are
         log.info("the index holds %d items: printing all of them (--k %d)", searcher.count, args.k)
-    for number, (query, hits) in enumerate(zip(queries, searcher.search_files(queries, args.k, not args.quiet),
-                                               strict=True)):
+    found = searcher.search_files(queries, args.k, not args.quiet, rerank)
+    for number, (query, hits) in enumerate(zip(queries, found, strict=True)):
         if args.json:  # one object a line (JSON Lines): one line for one query
             say(to_json({"query": str(query), "results": [h.to_dict() for h in hits]}))
             continue
@@ -417,6 +445,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from ..evaluation import retrieval_metrics
     from ..evaluation.table import format_table
 
+    rerank = rerank_from_args(args)
     query = _load_array(args.embeddings, "embeddings")
     labels = _load_array(args.labels, "labels")
     gallery = gallery_labels = None
@@ -424,6 +453,6 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         gallery = _load_array(args.gallery[0], "gallery embeddings")
         gallery_labels = _load_array(args.gallery[1], "gallery labels")
     metrics = retrieval_metrics(query, labels, gallery, gallery_labels, recall_at=_parse_ranks(args.recall_at),
-                                nmi=not args.no_nmi, engine=args.engine, progress=not args.quiet)
+                                nmi=not args.no_nmi, engine=args.engine, progress=not args.quiet, rerank=rerank)
     say(to_json(metrics) if args.json else format_table({"embeddings": metrics}))
     return 0

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import __version__
 from ..evaluation.engines import KNN_ENGINES
+from ..evaluation.rerank import MAX_ITEMS, MAX_SEARCH_ITEMS, QE_N, RERANK_METHODS
 from ..runs.folder import CHECKPOINTS
 from . import commands
 
@@ -31,6 +32,25 @@ def _number(kind: type, low: float, high: float | None = None, low_open: bool = 
 
 
 POSITIVE_INT, COUNT, POSITIVE = _number(int, 1), _number(int, 0), _number(float, 0, low_open=True)
+
+
+def _add_rerank_options(p: argparse.ArgumentParser) -> None:
+    """The re-ranking options ``evaluate``, ``metrics`` and ``search`` share (``evaluation/rerank.py``)."""
+    g = p.add_argument_group("re-ranking", "re-rank each query's neighbours: k-reciprocal encoding (Zhong et al. "
+                             "2017), or α-weighted query expansion (qe) and database-side augmentation (dba) "
+                             "(Radenović et al. 2018); docs/metrics.md, 'Re-ranking'")
+    g.add_argument("--rerank", choices=RERANK_METHODS, help="the re-ranking (default: none)")
+    g.add_argument("--k1", type=POSITIVE_INT, help="k-reciprocal: neighbours of the k-reciprocal sets (default 20)")
+    g.add_argument("--k2", type=POSITIVE_INT, help="k-reciprocal: neighbours of the local query expansion (default 6)")
+    g.add_argument("--lambda", dest="lambda_value", type=_number(float, 0, 1), metavar="LAMBDA",
+                   help="k-reciprocal: weight of the original distance in the final one (default 0.3)")
+    g.add_argument("--qe-n", type=POSITIVE_INT, help=f"qe: neighbours a query is expanded with (default {QE_N})")
+    g.add_argument("--dba-n", type=POSITIVE_INT,
+                   help=f"dba: neighbours a gallery item is augmented with (default {QE_N})")
+    g.add_argument("--alpha", type=_number(float, 0), help="qe, dba: weights are similarity^alpha (default 3)")
+    g.add_argument("--rerank-max-items", type=_number(int, 2), metavar="N",
+                   help=f"refuse k-reciprocal and dba beyond N items (default {MAX_ITEMS:,}; in a search "
+                   f"{MAX_SEARCH_ITEMS:,}): their time grows as the square of the items")
 
 def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """The options every command that loads a run's model shares: checkpoint, batch size, progress."""
@@ -123,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "RUN_DIR/metrics-all-embeddings.json")
     p.add_argument("--pca-dim", type=POSITIVE_INT, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")
+    _add_rerank_options(p)
     p.set_defaults(func=commands.cmd_evaluate)
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
@@ -193,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object a query (one a line): query, "
                    "results [{id, name, score}]")
     p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")
+    _add_rerank_options(p)
     p.set_defaults(func=commands.cmd_search)
     _allow_positional_after_list(p, "index_dir", "image")
 
@@ -287,5 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "where torch's MKL is slow, torch otherwise); all exact, equal up to float rounding")
     p.add_argument("--json", action="store_true", help="print one JSON object: recall@K, map@r, r_precision, nmi")
     p.add_argument("--quiet", action="store_true", help="no progress bar on a large ranking, no k-means line")
+    _add_rerank_options(p)
     p.set_defaults(func=commands.cmd_metrics)
     return parser

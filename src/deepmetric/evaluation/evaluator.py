@@ -17,6 +17,7 @@ from ..models.heads import HeadOutput
 from ..models.modes import eval_mode
 from ..progress import progress_bar
 from .metrics import PerQuery, compute_metrics_per_query
+from .rerank import Rerank
 
 
 @dataclass(frozen=True)
@@ -82,18 +83,20 @@ def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSe
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
-                  nmi: bool = True, engine: str = "auto", progress: bool = True) -> dict[str, float]:
-    """Metrics of one split's embeddings under its query/gallery flags (``progress``: as ``compute_metrics``).
+                  nmi: bool = True, engine: str = "auto", progress: bool = True,
+                  rerank: Rerank | None = None) -> dict[str, float]:
+    """Metrics of one split's embeddings under its query/gallery flags (``progress``, ``rerank``: as
+    ``compute_metrics``).
 
     Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
     removed from its own ranking by index.
     """
-    return split_metrics_per_query(embeddings, table, recall_at, nmi, engine, progress)[0]
+    return split_metrics_per_query(embeddings, table, recall_at, nmi, engine, progress, rerank)[0]
 
 
 def split_metrics_per_query(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
-                            nmi: bool = True, engine: str = "auto",
-                            progress: bool = True) -> tuple[dict[str, float], PerQuery]:
+                            nmi: bool = True, engine: str = "auto", progress: bool = True,
+                            rerank: Rerank | None = None) -> tuple[dict[str, float], PerQuery]:
     """``split_metrics`` and each query's results (``PerQuery``, the ``is_query`` rows in order), from one ranking."""
     rows = np.arange(len(table))
     query_rows, gallery_rows = rows[table.is_query], rows[table.is_gallery]
@@ -104,7 +107,7 @@ def split_metrics_per_query(embeddings: np.ndarray, table: RetrievalTable, recal
     labels = torch.as_tensor(table.labels)
     return compute_metrics_per_query(x[query_rows], labels[query_rows], x[gallery_rows], labels[gallery_rows],
                                      self_index if (self_index >= 0).any() else None, recall_at, nmi, engine=engine,
-                                     progress=progress)
+                                     progress=progress, rerank=rerank)
 
 
 def evaluate(model: torch.nn.Module, table: RetrievalTable, split: str, settings: EmbedSettings,

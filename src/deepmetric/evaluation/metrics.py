@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..errors import DeepMetricError
 from ..progress import progress_bar
 from .knn import faiss_available, iter_knn
+from .rerank import Rerank, as_rerank, reranked_knn
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +189,10 @@ def per_query_metrics(per_query: PerQuery, recall_at: Sequence[int]) -> dict[str
 
 def rank_queries(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                  gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
-                 memory_mb: float = 256.0, engine: str = "auto", progress: bool = True) -> PerQuery:
-    """Rank ``gallery`` for each of the l2-normalised ``query`` rows (one exact kNN pass, ``iter_knn``) and keep each
-    query's first hit, AP@R and R-precision (``PerQuery``)."""
+                 memory_mb: float = 256.0, engine: str = "auto", progress: bool = True,
+                 rerank: Rerank | None = None) -> PerQuery:
+    """Rank ``gallery`` for each of the l2-normalised ``query`` rows (one exact kNN pass, ``iter_knn``; re-ranked by
+    ``rerank``, ``rerank.py``) and keep each query's first hit, AP@R and R-precision (``PerQuery``)."""
     recall_at = sorted({int(k) for k in recall_at})
     r = relevant_counts(query_labels, gallery_labels, self_index)
     valid = r > 0
@@ -217,7 +219,9 @@ def rank_queries(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch
     ranks = torch.arange(1, k + 1, dtype=torch.float32)
     bar = progress_bar(total=len(r), desc="ranking", unit="query",
                        disable=not progress or len(r) * gallery.shape[0] < SHOWN_FROM)
-    for start, _, indices in iter_knn(query, gallery, k, self_index, memory_mb, engine):
+    neighbours = (iter_knn(query, gallery, k, self_index, memory_mb, engine) if rerank is None else
+                  reranked_knn(query, gallery, k, self_index, rerank, memory_mb, engine, progress))
+    for start, _, indices in neighbours:
         stop = start + len(indices)
         bar.update(len(indices))
         relevant = gallery_labels[indices] == query_labels[start:stop, None]  # (b, k)
@@ -236,20 +240,22 @@ def rank_queries(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch
 def compute_metrics(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                     gallery_labels: torch.Tensor, self_index: torch.Tensor | None, recall_at: Sequence[int],
                     nmi: bool = True, memory_mb: float = 256.0, engine: str = "auto",
-                    progress: bool = True) -> dict[str, float | None]:
+                    progress: bool = True, rerank: Rerank | None = None) -> dict[str, float | None]:
     """Metrics of l2-normalised ``query`` against ``gallery`` (see the module docstring); with ``progress``, the
-    ranking of a large split (``SHOWN_FROM`` pairs) shows a bar and a large NMI k-means is announced, on stderr."""
+    ranking of a large split (``SHOWN_FROM`` pairs) shows a bar and a large NMI k-means is announced, on stderr;
+    ``rerank``: the ranking metrics after that re-ranking (``rerank.py``)."""
     return compute_metrics_per_query(query, query_labels, gallery, gallery_labels, self_index, recall_at, nmi,
-                                     memory_mb, engine, progress)[0]
+                                     memory_mb, engine, progress, rerank)[0]
 
 
 def compute_metrics_per_query(query: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                               gallery_labels: torch.Tensor, self_index: torch.Tensor | None,
                               recall_at: Sequence[int], nmi: bool = True, memory_mb: float = 256.0,
-                              engine: str = "auto", progress: bool = True) -> tuple[dict[str, float | None], PerQuery]:
+                              engine: str = "auto", progress: bool = True,
+                              rerank: Rerank | None = None) -> tuple[dict[str, float | None], PerQuery]:
     """``compute_metrics`` and the ``PerQuery`` results its ranking metrics average (from the same kNN pass)."""
     per_query = rank_queries(query, query_labels, gallery, gallery_labels, self_index, recall_at, memory_mb, engine,
-                             progress)
+                             progress, rerank)
     results: dict[str, float | None] = dict(per_query_metrics(per_query, recall_at))
     if nmi:
         classes = len(torch.unique(query_labels))
@@ -269,7 +275,8 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
                       gallery: np.ndarray | torch.Tensor | None = None,
                       gallery_labels: np.ndarray | torch.Tensor | None = None,
                       recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True,
-                      engine: str = "auto", progress: bool = False) -> dict[str, float]:
+                      engine: str = "auto", progress: bool = False,
+                      rerank: Rerank | str | None = None) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision and NMI (the module docstring defines them; thesis §2.6.2).
 
     Args:
@@ -283,22 +290,26 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
         engine: auto, torch, numpy, faiss or cuda: the speed changes, never the result (all exact; ``knn.py``
             on float rounding).
         progress: on stderr, a bar over the ranking of a large split and a line before a large NMI k-means.
+        rerank: re-rank before the ranking metrics: ``"k-reciprocal"``, ``"qe"``, ``"dba"``, ``"dba+qe"`` with
+            their defaults, or settings (``rerank.KReciprocal(k1=20, k2=6, lambda_value=0.3)``,
+            ``rerank.QueryExpansion(qe_n=10, dba_n=0, alpha=3.0)``); NMI is the embeddings' either way.
 
     Returns:
         ``{"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ...}`` as fractions, the keys of
         ``deepmetric metrics --json``; ``nmi`` is None where it is undefined.
     """
+    rerank = as_rerank(rerank)
     q = _as_tensor(query, "query embeddings")
     ql = _as_labels(query_labels, q.shape[0], "query labels")
     if gallery is None:
         if gallery_labels is not None:
             raise DeepMetricError("gallery labels given without gallery embeddings")
         return compute_metrics(q, ql, q, ql, torch.arange(q.shape[0]), recall_at, nmi, engine=engine,
-                               progress=progress)
+                               progress=progress, rerank=rerank)
     if gallery_labels is None:
         raise DeepMetricError("gallery embeddings given without gallery labels")
     g = _as_tensor(gallery, "gallery embeddings")
     gl = _as_labels(gallery_labels, g.shape[0], "gallery labels")
     if g.shape[1] != q.shape[1]:
         raise DeepMetricError(f"query embeddings have {q.shape[1]} dimensions, gallery embeddings {g.shape[1]}")
-    return compute_metrics(q, ql, g, gl, None, recall_at, nmi, engine=engine, progress=progress)
+    return compute_metrics(q, ql, g, gl, None, recall_at, nmi, engine=engine, progress=progress, rerank=rerank)

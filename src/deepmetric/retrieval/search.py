@@ -18,6 +18,7 @@ from ..config import RunConfig
 from ..data.images import read_image
 from ..data.transforms import TestTransform
 from ..errors import DeepMetricError, IndexStoreError
+from ..evaluation.rerank import Rerank, reranked_search
 from ..io import file_sha256
 from ..models import Embedder
 from ..progress import progress_bar
@@ -52,11 +53,24 @@ class IndexSearcher:
     def count(self) -> int:
         return self.manifest.count
 
-    def search_vectors(self, queries: np.ndarray, k: int) -> list[list[Hit]]:
-        """The top ``k`` (at most the index size) hits of each l2-normalised query row, best first."""
+    def gallery_embeddings(self) -> np.ndarray:
+        """(N, D) float32: every item's l2-normalised embedding, row ``i`` of item ``i``."""
+        if self.exact is not None:
+            return self.exact
+        if self.count == 0:
+            return np.zeros((0, self.manifest.embedding_dim), dtype=np.float32)
+        return np.asarray(self.index.reconstruct_n(0, self.count), dtype=np.float32)
+
+    def search_vectors(self, queries: np.ndarray, k: int, rerank: Rerank | None = None) -> list[list[Hit]]:
+        """The top ``k`` (at most the index size) hits of each l2-normalised query row, best first; with ``rerank``
+        (``evaluation/rerank.py``), each query re-ranked alone against every item (exact, whatever the index kind),
+        scored ``1 - d*`` (k-reciprocal) or by cosine to the expanded query (αQE/DBA)."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         k = min(check_k(k), max(1, self.count))
-        if self.exact is None:
+        if rerank is not None and self.count:
+            scores, ids = reranked_search(torch.from_numpy(queries), torch.from_numpy(self.gallery_embeddings()), k,
+                                          rerank)
+        elif self.exact is None:
             scores, ids = self.index.search(queries, k)
         else:
             width = min(self.count, max(8 * k, k + 64))
@@ -140,8 +154,9 @@ class Searcher(IndexSearcher):
     def search_file(self, path: str | Path, k: int = 10) -> list[Hit]:
         return self.search_files([Path(path)], k)[0]
 
-    def search_files(self, paths: list[Path], k: int = 10, progress: bool = False) -> list[list[Hit]]:
+    def search_files(self, paths: list[Path], k: int = 10, progress: bool = False,
+                     rerank: Rerank | None = None) -> list[list[Hit]]:
         """The hits of each query file, every query embedded (as ``search_file`` does) before any is searched, so
-        that an unreadable file stops the search before anything is printed."""
+        that an unreadable file stops the search before anything is printed (``rerank``: as ``search_vectors``)."""
         files = progress_bar(paths, desc="embedding queries", unit="image", disable=not progress or len(paths) < 2)
-        return self.search_vectors(np.stack([self.embed(read_image(path)) for path in files]), k)
+        return self.search_vectors(np.stack([self.embed(read_image(path)) for path in files]), k, rerank)
