@@ -82,7 +82,7 @@ def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSe
 
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
-                  nmi: bool = True, engine: str = "auto", progress: bool = True) -> dict[str, float]:
+                  nmi: bool = True, engine: str = "auto", progress: bool = True) -> dict[str, float | None]:
     """Metrics of one split's embeddings under its query/gallery flags (``progress``: as ``compute_metrics``).
 
     Queries are the ``is_query`` rows and the gallery the ``is_gallery`` rows; a row that is both is
@@ -93,7 +93,7 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequ
 
 def split_metrics_per_query(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
                             nmi: bool = True, engine: str = "auto",
-                            progress: bool = True) -> tuple[dict[str, float], PerQuery]:
+                            progress: bool = True) -> tuple[dict[str, float | None], PerQuery]:
     """``split_metrics`` and each query's results (``PerQuery``, the ``is_query`` rows in order), from one ranking."""
     rows = np.arange(len(table))
     query_rows, gallery_rows = rows[table.is_query], rows[table.is_gallery]
