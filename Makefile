@@ -1,7 +1,8 @@
 # deepmetric: two commands on a fresh machine.
 #   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
 #   make demo-glyphs   the same on the offline glyphs toy set
-#   make test   set up with the dev dependencies and run the test suite
+#   make test   set up with the dev dependencies, check style (ruff), layers (lint-imports) and types (mypy), run the
+#               test suite
 #   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline, in a small environment of its
 #               own (.venv-docs: mkdocs and its plug-ins from requirements-docs.txt, no torch)
 PYTHON ?= python3
@@ -77,6 +78,7 @@ demo-glyphs: install system-packages
 test: install-dev system-packages
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: install-dev
