@@ -1,7 +1,8 @@
 # deepmetric: two commands on a fresh machine.
 #   make demo   set up, build the emoji data set (npm), train the default model, print Recall@K vs the untrained backbone
 #   make demo-glyphs   the same on the offline glyphs toy set
-#   make test   set up with the dev dependencies and run the test suite
+#   make test   set up with the dev dependencies, check style (ruff), layers (lint-imports) and types (mypy), run the
+#               test suite
 #   make test-fast   the inner loop: style, layers and the suite without the slow files (the site build, the
 #               browser, the wheel, the real backbone), stopping at the first failure
 #   make docs   build the documentation site (docs/, mkdocs.yml) into site/, offline, in a small environment of its
@@ -79,6 +80,7 @@ demo-glyphs: install system-packages
 test: install-dev system-packages
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 # what a change is checked with before make test: failures first (--ff), the first one stops it
@@ -86,6 +88,7 @@ FAST_SKIP := tests/test_docs_site.py tests/test_serve_browser.py tests/test_pack
 test-fast: install-dev
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -x --ff -m "not integration" $(addprefix --ignore=,$(FAST_SKIP))
 
 lint: install-dev

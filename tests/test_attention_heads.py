@@ -318,6 +318,17 @@ def test_learner_summary_is_the_mean_and_population_deviation_of_the_numbered_ro
     assert learner_summary(rows, None) == {}
 
 
+def test_learner_summary_keeps_an_undefined_nmi_undefined():
+    """NMI is None where it is undefined (every query of its own class): the summary rows say None for it, and
+    still average the other metrics (numpy's mean of None raised a TypeError that took the whole evaluation down)."""
+    from deepmetric.evaluation.auxiliary import learner_summary
+
+    rows = {"abe.learner1": {"recall@1": 0.5, "nmi": None}, "abe.learner2": {"recall@1": 0.7, "nmi": None}}
+    summary = learner_summary(rows, "abe.learner")
+    assert summary["abe.learner1-2 mean"] == {"recall@1": pytest.approx(0.6), "nmi": None}
+    assert summary["abe.learner1-2 std"] == {"recall@1": pytest.approx(0.1), "nmi": None}
+
+
 def test_attention_heads_refuse_backbones_without_a_layout():
     from deepmetric.errors import ConfigError
 

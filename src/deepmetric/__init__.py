@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = ["Embedder", "HeadOutput", "Index", "TrainedRun", "__version__", "create_model", "load_run"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     """The model API and the run API are imported on first use, so that ``deepmetric --help`` or ``deepmetric
     metrics`` do not pay for torch and torchvision's imports when they do not need them."""
     if name in ("Embedder", "HeadOutput", "create_model"):

@@ -21,6 +21,7 @@ and ``gather_rows`` puts the rows back in order, none twice, none dropped.
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,14 +80,14 @@ def shutdown() -> None:
 
 class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
         ctx.rank, ctx.rows = dist.get_rank(), tensor.shape[0]
         pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
         dist.all_gather(pieces, tensor.contiguous())
         return torch.cat(pieces, dim=0)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
 
 

@@ -35,7 +35,7 @@ import importlib.metadata
 import re
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,11 @@ def _trace_onnx(graph: EmbeddingGraph, example: torch.Tensor, path: Path, what: 
                           "(a TorchScript archive for torch.jit.load in Python or C++)") from None
 
 
-def _onnx_runner(path: Path):
+Runner = Callable[[torch.Tensor], np.ndarray]
+"""An exported model loaded back: images (B, 3, H, W) -> embeddings (B, D)."""
+
+
+def _onnx_runner(path: Path) -> Runner:
     try:
         import onnxruntime
     except ImportError:
@@ -219,7 +223,7 @@ def _trace_torchscript(graph: EmbeddingGraph, example: torch.Tensor, path: Path,
                           f"{str(error).splitlines()[0] if str(error) else ''}") from None
 
 
-def _torchscript_runner(path: Path):
+def _torchscript_runner(path: Path) -> Runner:
     with _quiet_tracing():
         loaded = torch.jit.load(str(path), map_location="cpu").eval()
 
@@ -230,7 +234,7 @@ def _torchscript_runner(path: Path):
     return run
 
 
-def _check(runner: Any, graph: EmbeddingGraph, image_size: int, what: str, format: str) -> float:
+def _check(runner: Runner, graph: EmbeddingGraph, image_size: int, what: str, format: str) -> float:
     """The largest difference between the exported model's embeddings and PyTorch's over ``VERIFY_BATCHES``."""
     worst = 0.0
     generator = torch.Generator().manual_seed(0)

@@ -73,7 +73,7 @@ def stdout_to_log(logger: str = "deepmetric", level: int = logging.INFO) -> Iter
     ``--json`` answer, a pipe)."""
     stream = _LogLines(logging.getLogger(logger), level)
     try:
-        with contextlib.redirect_stdout(stream):  # type: ignore[type-var]
+        with contextlib.redirect_stdout(stream):
             yield
     finally:
         stream.flush()

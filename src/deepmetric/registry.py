@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from .errors import ConfigError, DeepMetricError, did_you_mean
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Callable[..., Any])  # an entry: a class or a function
 
 
 def keyword_parameters(fn: Callable[..., Any]) -> list[str]:
@@ -129,7 +129,7 @@ class Registry(Generic[T]):
     def options(self, name: str) -> list[str]:
         """The options entry ``name`` accepts (``extra_options`` first)."""
         entry = self.get(name)
-        own = self._options_of(entry) if self._options_of else keyword_parameters(entry)  # type: ignore[arg-type]
+        own = self._options_of(entry) if self._options_of else keyword_parameters(entry)
         return [*self.extra_options, *(o for o in own if o not in self.provided and o not in self.extra_options)]
 
     def check(self, name: str, options: dict[str, Any] | None = None) -> T:
@@ -150,11 +150,11 @@ class Registry(Generic[T]):
         """Call entry ``name`` with ``options`` (checked) and the ``provided`` values its signature asks for (or
         that of a base class it forwards ``**kwargs`` to, ``forwarded_parameters``)."""
         entry = self.check(name, options)
-        wanted = forwarded_parameters(entry)  # type: ignore[arg-type]
+        wanted = forwarded_parameters(entry)
         arguments = {k: v for k, v in (options or {}).items() if k not in self.extra_options}
         arguments.update({k: v for k, v in provided.items() if k in wanted})
         try:  # a required option left out is the user's to fix; a TypeError inside the constructor is a bug
-            inspect.signature(entry).bind(**arguments)  # type: ignore[arg-type]
+            inspect.signature(entry).bind(**arguments)
         except TypeError as error:
             raise self.error(f"{self.kind} '{name}': {error}") from None
-        return entry(**arguments)  # type: ignore[operator]
+        return entry(**arguments)

@@ -161,7 +161,7 @@ def _all_embeddings_record(run: RunDir, config: RunConfig, which: str, pca_dim: 
     recall_at = config.eval.recall_at or table.recall_at
     test = embed_with_objective(model, objective, test_part, settings, desc="embedding test")
 
-    def score(embeddings: np.ndarray) -> dict[str, float]:
+    def score(embeddings: np.ndarray) -> dict[str, float | None]:
         return split_metrics(embeddings, test_part, recall_at, config.eval.nmi, config.eval.engine, progress)
 
     rows = {name: score(values) for name, values in test.items()}

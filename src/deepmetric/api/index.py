@@ -309,9 +309,12 @@ class Index(IndexSearcher):
         Examples:
             >>> index.save("gallery-index"); index.add(more); index.save()
         """
-        if path is None and self.index_dir is None:
+        if path is not None:
+            target = Path(path)
+        elif self.index_dir is not None:
+            target = self.index_dir
+        else:
             raise IndexStoreError("this index has no folder yet: give one, index.save(folder)")
-        target = Path(path) if path is not None else self.index_dir
         if self.index_dir is not None and os.path.realpath(target) == os.path.realpath(self.index_dir):
             return self._append()
         manifest = IndexManifest(kind=self.kind, model=dict(self.manifest.model), embedding_dim=self.embedding_dim,

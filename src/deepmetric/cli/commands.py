@@ -189,7 +189,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             resumed = f" (steps {result.start_step + 1}-{result.steps}, resumed)" if result.start_step else ""
             say(f"trained {done} steps{resumed} in {result.seconds / 60:.1f} min; run directory {result.run_dir}")
-        if result.best_step is not None:
+        if result.best_step is not None and result.best_score is not None:
             say(f"best validation {SELECT_BY[config.train.select_by]} {100 * result.best_score:.2f}% at step "
                 f"{result.best_step}")
         if result.beats_backbone is False:

@@ -72,8 +72,11 @@ def _allow_positional_after_list(p: argparse.ArgumentParser, positional: str, li
 def take_trailing_positional(args: argparse.Namespace) -> None:
     """The positional of a command set up by ``_allow_positional_after_list``: given, or the list's last value when
     the list holds two or more; otherwise argparse's own error (exit status 2)."""
-    positional, listed, command = getattr(args, "positional_after_list", (None, None, None))
-    if positional is None or getattr(args, positional) is not None:
+    setting = getattr(args, "positional_after_list", None)
+    if setting is None:
+        return
+    positional, listed, command = setting
+    if getattr(args, positional) is not None:
         return
     values = getattr(args, listed) or []  # explain's --images is optional
     if len(values) < 2:

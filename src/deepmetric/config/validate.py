@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from typing import Any
+from typing import Any, Literal
 
 from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 from ..errors import ConfigError
@@ -144,7 +144,7 @@ def _validate_memory(config: RunConfig) -> None:
                           "SOP iterations) or set loss.memory.size=0")
 
 
-def amp_mode(value: Any) -> str | bool:
+def amp_mode(value: Any) -> str | Literal[False]:
     """``train.amp`` as the trainer reads it: ``fp16``, ``bf16`` (``true`` too: the setting was a switch for
     bfloat16 before fp16 came, and run folders keep ``amp: true``) or False; anything else is refused, naming the
     choices."""

@@ -142,7 +142,8 @@ def apply_values(target: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 def _all_keys() -> list[str]:
     keys = []
-    for section in dataclasses.fields(RunConfig):
-        for f in dataclasses.fields(section.default_factory()):  # type: ignore[misc]
+    defaults = RunConfig()
+    for section in dataclasses.fields(defaults):
+        for f in dataclasses.fields(getattr(defaults, section.name)):
             keys.append(f"{section.name}.{f.name}")
     return keys

@@ -131,7 +131,8 @@ class BatchedTrainTransform:
                  pad: str = "size"):
         if pad not in TRAIN_PAD_MODES:
             raise ValueError(f"pad must be one of {TRAIN_PAD_MODES}, got '{pad}'")
-        self.size, self.resize_range, self.flip, self.pad = size, tuple(resize_range), flip, pad
+        low, high = resize_range  # a list from a config file becomes a tuple
+        self.size, self.resize_range, self.flip, self.pad = size, (low, high), flip, pad
 
     def draws(self, shapes: Sequence[tuple[int, int]], seeds: Sequence[int]) -> list[CropDraw]:
         """Each sample's draws, for its image's shape as read (before the cache shrank it)."""

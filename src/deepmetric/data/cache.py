@@ -56,7 +56,7 @@ def free_gpu_memory(device: torch.device) -> int:
 
 def read_shape(table: RetrievalTable, row: int) -> tuple[int, int]:
     """(height, width) of row ``row`` as ``table.image`` gives it, from the file's header (no decoding)."""
-    if table.in_memory:
+    if isinstance(table.images, np.ndarray):  # in memory
         height, width = table.images.shape[1:3]
     else:
         try:
@@ -91,7 +91,7 @@ class ImageCache:
     def estimate(table: RetrievalTable, size: int, resize_range: tuple[float, float], pad: str,
                  progress: bool = False) -> tuple[list[tuple[int, int]], int]:
         """Each row's shape as read and the bytes of all rows at ``cached_size``."""
-        rows = range(len(table))
+        rows: Iterable[int] = range(len(table))
         if not table.in_memory:
             rows = progress_bar(rows, desc="cache: image sizes", unit="image", disable=not progress)
         shapes = [read_shape(table, row) for row in rows]

@@ -319,10 +319,10 @@ def _check_ours(name: str, archive: Archive, root: Path, archive_file: bool = Tr
     made by this project: fetching would replace it. Raises ``DataError`` naming the thing and the ways out."""
     if root.is_symlink():
         try:
-            target = os.readlink(root)
+            link = os.readlink(root)
         except OSError:
-            target = "?"
-        raise DataError(f"{name}: {root} is a symbolic link (to {target}) that does not lead to a complete "
+            link = "?"
+        raise DataError(f"{name}: {root} is a symbolic link (to {link}) that does not lead to a complete "
                         f"{archive.folder} build; deepmetric never replaces what it did not create. Give the data "
                         f"itself with --data {name}:PATH, or remove the link and run again to download it")
     if root.exists() and not _has_marker(root):

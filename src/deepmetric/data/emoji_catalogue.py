@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import DataError
@@ -134,7 +134,8 @@ def read_catalogue(data: bytes, where: str) -> list[dict]:
         raise DataError(f"emoji: {where} is not valid JSON: {error}") from None
     if not isinstance(catalogue, list):
         raise DataError(f"emoji: {where} must be a list of emoji records, not {kind_of(catalogue)}")
-    problems, seen = [], {}
+    problems: list[str] = []
+    seen: dict[str, int] = {}  # code points -> the first record that has them
     for number, record in enumerate(catalogue):
         unified = record.get("unified") if isinstance(record, dict) else None
         what = f"record {number}" + (f" ({unified[:40]!r})" if isinstance(unified, str) else "")
@@ -154,7 +155,8 @@ def read_catalogue(data: bytes, where: str) -> list[dict]:
     return catalogue
 
 
-def emoji_classes(catalogue: list[Mapping], available: Mapping[str, set[str]], skin: bool = False) -> list[EmojiClass]:
+def emoji_classes(catalogue: Sequence[Mapping], available: Mapping[str, set[str]],
+                  skin: bool = False) -> list[EmojiClass]:
     """The protocol's classes, in catalogue order: base emoji outside ``EXCLUDED_CATEGORIES`` drawn by all five
     vendors (``available``: the PNG names each vendor ships), and with ``skin`` their skin-tone variants drawn by all
     five."""

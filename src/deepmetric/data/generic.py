@@ -46,7 +46,9 @@ def load_folder(path: str | Path) -> RetrievalTable:
         where = (f" (its {loose:,} image(s) lie in the folder itself: put each class's images in a sub-folder named "
                  f"after the class, {root}/<class>/<image>)" if loose else "")
         raise DataError(f"folder: {root} has {len(class_dirs)} class sub-folder(s); expected at least 2{where}")
-    paths, labels, names = [], [], {}
+    paths: list[str] = []
+    labels: list[int] = []
+    names: dict[int, str] = {}
     for label, class_dir in enumerate(class_dirs):
         files = sorted(p for p in class_dir.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
         if not files:
@@ -171,11 +173,13 @@ def _fashion_mnist_files(root: Path | None) -> tuple[np.ndarray, np.ndarray]:
              "t10k-labels-idx1-ubyte"]
     candidates = [Path(root)] if root else [Path(d) for d in FASHION_MNIST_DIRS]
     for base in candidates:
-        found = []
+        found: list[Path] = []
         for name in names:
             options = [base / f"{name}.gz", base / name, base / "FashionMNIST" / "raw" / name]
-            found.append(next((p for p in options if p.is_file()), None))
-        if all(found):
+            file = next((p for p in options if p.is_file()), None)
+            if file is not None:
+                found.append(file)
+        if len(found) == len(names):
             images = np.concatenate([_read_idx(found[0]), _read_idx(found[2])])
             labels = np.concatenate([_read_idx(found[1]), _read_idx(found[3])]).astype(np.int64)
             return images, labels

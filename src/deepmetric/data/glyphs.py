@@ -64,7 +64,7 @@ def font_covers(path: Path, chars: list[str]) -> bool:
 
 def find_fonts(chars: list[str], dirs: tuple[str, ...] = FONT_DIRS) -> list[Path]:
     """Every TrueType/OpenType file under ``dirs`` that covers ``chars``, sorted by path."""
-    found = []
+    found: list[Path] = []
     for root in dirs:
         base = Path(root).expanduser()
         if base.is_dir():

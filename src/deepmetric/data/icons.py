@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -278,7 +278,7 @@ def _order(drawing: Drawing, package_index: int) -> tuple:
     return drawing.alias, drawing.rank[:2], package_index, drawing.vendor, drawing.name
 
 
-def _write_csv(path: Path, header: Sequence[str], rows: list[Sequence[object]]) -> None:
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
@@ -363,7 +363,7 @@ def _draw(drawings: Mapping[str, Mapping[str, Drawing]], vendor_package: Mapping
     log.info("icons: %d vendors in %d packages; %s names drawn by %d or more; unpacking and rendering %s files at "
              "%d px", len(drawings), len(debs), f"{len(wanted):,}", MIN_VENDORS,
              f"{sum(map(len, needed.values())):,}", size)
-    files = []
+    files: list[tuple[str, Path, str]] = []
     for name, paths in needed.items():
         extract(debs[name], paths, work / "files" / name)
         files.extend((f"{name}/{path}", work / "files" / name / path, _kind(path)) for path in sorted(paths))
@@ -406,13 +406,14 @@ def _build(root: Path, folder: Path | None, packages: Mapping[str, Package], fet
         dropped = [d for d in dropped if d.candidate.name in names]
         _write(tmp, kept, dropped, drawings, vendor_package, {k: i for i, (k, _, _) in enumerate(files)},
                work / "rendered", failures)
-        meta = {"dataset": "icons", "format": FORMAT_VERSION, "size": size, "packages": _pinned(packages),
-                "renderer": renderer_version(program), "near_identical": NEAR_IDENTICAL, "sharing": SHARING,
-                "shared_near": SHARED_NEAR, "min_vendors": MIN_VENDORS,
-                "sharing_vendors": sorted(sorted(p) for p in shared),
-                "source": str(folder) if folder is not None else "apt-get", "images": len(kept),
-                "classes": len(names), "vendors": dict(sorted(Counter(c.vendor for c in kept).items())),
-                "dropped": dict(sorted(Counter(d.reason for d in dropped).items()))}
+        meta: dict[str, Any] = {
+            "dataset": "icons", "format": FORMAT_VERSION, "size": size, "packages": _pinned(packages),
+            "renderer": renderer_version(program), "near_identical": NEAR_IDENTICAL, "sharing": SHARING,
+            "shared_near": SHARED_NEAR, "min_vendors": MIN_VENDORS,
+            "sharing_vendors": sorted(sorted(p) for p in shared),
+            "source": str(folder) if folder is not None else "apt-get", "images": len(kept),
+            "classes": len(names), "vendors": dict(sorted(Counter(c.vendor for c in kept).items())),
+            "dropped": dict(sorted(Counter(d.reason for d in dropped).items()))}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         check_ours(root)
         if root.exists():  # a build of ours, of other versions or rules

@@ -172,7 +172,7 @@ def select(candidates: Iterable[Candidate], looks: Mapping[str, Look], threshold
     by_file: dict[str, Candidate] = {}
     by_content: dict[str, Candidate] = {}
     by_pixels: dict[str, Candidate] = {}
-    by_name: dict[str, list[Candidate]] = {}
+    by_name: dict[str, list[tuple[Candidate, np.ndarray]]] = {}  # the kept drawings of a name, with their signatures
     for candidate in sorted(candidates, key=lambda c: c.order):
         seen = looks.get(candidate.file)
         if seen is None:
@@ -189,10 +189,10 @@ def select(candidates: Iterable[Candidate], looks: Mapping[str, Look], threshold
             dropped.append(Dropped(candidate, "identical", twin, 0.0))
             continue
         copy = None
-        for other in by_name.get(candidate.name, ()):
+        for other, other_signature in by_name.get(candidate.name, ()):
             if other.vendor == candidate.vendor:
                 continue
-            apart = distance(seen.signature, looks[other.file].signature)
+            apart = distance(seen.signature, other_signature)
             limit = shared_threshold if frozenset((other.vendor, candidate.vendor)) in shared else threshold
             if apart <= limit and (copy is None or apart < copy[0]):
                 copy = (apart, other)
@@ -203,5 +203,5 @@ def select(candidates: Iterable[Candidate], looks: Mapping[str, Look], threshold
         by_file[candidate.file] = candidate
         by_content.setdefault(candidate.content, candidate)
         by_pixels.setdefault(seen.pixels, candidate)
-        by_name.setdefault(candidate.name, []).append(candidate)
+        by_name.setdefault(candidate.name, []).append((candidate, seen.signature))
     return kept, dropped

@@ -21,10 +21,14 @@ import io
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import DataError
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 RENDERER = "rsvg-convert"
 TIMEOUT_S = 60.0
@@ -54,7 +58,7 @@ def renderer_version(program: str) -> str:
     return (result.stdout.strip().splitlines() or ["rsvg-convert (version unknown)"])[0]
 
 
-def _square(image, size: int) -> np.ndarray:
+def _square(image: PIL.Image.Image, size: int) -> np.ndarray:
     """``image`` (PIL) as a (size, size, 4) uint8 RGBA array: scaled so that its longer side is ``size``, centred."""
     from PIL import Image
 
@@ -83,7 +87,7 @@ def render(file: Path, kind: str, size: int, program: str) -> np.ndarray:
             if result.returncode != 0 or not result.stdout:
                 message = result.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
                 raise Unreadable(f"{RENDERER} failed (exit {result.returncode}): {message[-1][:200]}")
-            source = io.BytesIO(result.stdout)
+            source: io.BytesIO | Path = io.BytesIO(result.stdout)
         else:
             source = file
         with Image.open(source) as image:

@@ -16,7 +16,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import IO
+from typing import IO, TypeGuard
 
 from .icons_catalogue import (
     EXTENSIONS,
@@ -119,10 +119,10 @@ class Tree:
             resolved.append(part)
         return "/".join(resolved)
 
-    def is_file(self, path: str | None) -> bool:
+    def is_file(self, path: str | None) -> TypeGuard[str]:
         return path is not None and self.kinds.get(path) == "file"
 
-    def is_dir(self, path: str | None) -> bool:
+    def is_dir(self, path: str | None) -> TypeGuard[str]:
         return path is not None and self.kinds.get(path) == "dir"
 
     def listdir(self, path: str) -> Iterator[str]:
@@ -166,13 +166,19 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+class _CaseSensitiveParser(configparser.RawConfigParser):
+    """Keys as written (``Size``, ``MinSize``): configparser lower-cases them by default."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def read_index(text: str) -> tuple[str, tuple[str, ...], list[IconFolder]] | None:
     """An ``index.theme``'s ``Name``, ``Inherits`` and the folders it lists (``Directories`` and GTK's
     ``ScaledDirectories``) with their sizes; None when it has no ``[Icon Theme]`` group. A folder without a valid
     ``Size`` is skipped, as desktops skip it."""
-    parser = configparser.RawConfigParser(strict=False, interpolation=None, delimiters=("=",),
-                                          comment_prefixes=("#", ";"), inline_comment_prefixes=None)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser = _CaseSensitiveParser(strict=False, interpolation=None, delimiters=("=",), comment_prefixes=("#", ";"),
+                                  inline_comment_prefixes=None)
     try:
         parser.read_string(text)
     except configparser.Error:
@@ -214,11 +220,11 @@ def wanted_text(path: str) -> bool:
 
 def package_themes(tree: Tree) -> dict[str, tuple[str, tuple[str, ...], list[IconFolder]]]:
     """The themes of the package that can be vendors (``is_vendor_theme``), by folder name."""
-    themes = {}
+    themes: dict[str, tuple[str, tuple[str, ...], list[IconFolder]]] = {}
     base = tree.resolve(THEMES)
     if not tree.is_dir(base):
         return themes
-    for entry in tree.listdir(base):  # type: ignore[arg-type]
+    for entry in tree.listdir(base):
         text = tree.text(tree.resolve(f"{base}/{entry}/index.theme"))
         if text is None:
             continue
@@ -238,7 +244,7 @@ def _theme_files(tree: Tree, theme: str, folders: list[IconFolder], size: int) -
         real_dir = tree.resolve(listed_dir)
         if not tree.is_dir(real_dir):
             continue
-        for entry in tree.listdir(real_dir):  # type: ignore[arg-type]
+        for entry in tree.listdir(real_dir):
             stem, dot, extension = entry.rpartition(".")
             extension = f".{extension.lower()}"
             if not dot or extension not in EXTENSIONS or not ICON_NAME.fullmatch(stem) or is_symbolic(stem):
@@ -248,7 +254,7 @@ def _theme_files(tree: Tree, theme: str, folders: list[IconFolder], size: int) -
                 continue
             file = tree.resolve(f"{real_dir}/{entry}")
             if tree.is_file(file):
-                best[stem] = (key, f"{listed_dir}/{entry}", file)  # type: ignore[assignment]
+                best[stem] = (key, f"{listed_dir}/{entry}", file)
     return best
 
 

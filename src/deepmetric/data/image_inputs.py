@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,24 @@ ImageInput = str | os.PathLike | Image.Image | np.ndarray | torch.Tensor
 a tensor (C, H, W) or (H, W), C in 1, 3, 4, of uint8 or of floats in [0, 1] (torchvision's layouts)."""
 
 
+@dataclass(kw_only=True)
 class ImagesTable(RetrievalTable):
     """A table of checked images (``image_items``): each row is read when the loader asks for it, a file by the
     library's reader (``read_image``, as ``deepmetric embed``), a PIL image or an RGBA / gray array by ``to_rgb``."""
 
+    items: list[Path | Image.Image | np.ndarray]
+    """The images, one per row; ``images`` holds their names (the path, or ``images[i]``)."""
+
+    @classmethod
+    def of(cls, items: list[Path | Image.Image | np.ndarray]) -> ImagesTable:
+        """A table of ``items`` (``image_items``' answer), every row a test query and gallery image."""
+        n = len(items)
+        names = [str(item) if isinstance(item, Path) else f"images[{i}]" for i, item in enumerate(items)]
+        return cls(name="images", images=names, items=items, labels=np.zeros(n),
+                   splits=np.array(["test"] * n, dtype=object), is_query=np.ones(n, bool), is_gallery=np.ones(n, bool))
+
     def image(self, index: int) -> np.ndarray:
-        item = self.images[index]
+        item = self.items[index]
         if isinstance(item, Path):
             return read_image(item)
         if isinstance(item, np.ndarray):
@@ -36,10 +49,6 @@ class ImagesTable(RetrievalTable):
         else:
             item.load()  # as read_image: the pixels, and the info (transparency) some formats only fill in then
         return np.array(to_rgb(item), dtype=np.uint8)
-
-    def describe(self, index: int) -> str:
-        item = self.images[index]
-        return str(item) if isinstance(item, Path) else f"images[{index}]"
 
 
 def _tensor_array(tensor: torch.Tensor, where: str) -> np.ndarray:

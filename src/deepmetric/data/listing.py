@@ -55,7 +55,7 @@ def image_sources(images: str | os.PathLike | Sequence[str | os.PathLike]) -> li
     return givens
 
 
-def list_images(path: str | Path) -> list[Path]:
+def list_images(path: str | os.PathLike[str]) -> list[Path]:
     """An image file, the images a ``.txt`` / ``.lst`` file lists (``read_image_list``), or every image below a
     folder (sorted); a name holding a line break (``LINE_BREAKS``) is refused, however it was given."""
     path = Path(path)

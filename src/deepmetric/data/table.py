@@ -99,7 +99,7 @@ class RetrievalTable:
 
     def image(self, index: int) -> np.ndarray:
         """The image of row ``index`` (its bounding box when the table has boxes) as a uint8 (H, W, 3) RGB array."""
-        if self.in_memory:
+        if isinstance(self.images, np.ndarray):  # in memory
             array = self.images[index]
             array = np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
         else:
@@ -113,7 +113,7 @@ class RetrievalTable:
     def subset(self, rows: np.ndarray) -> RetrievalTable:
         """A new table holding only ``rows`` (indices or a boolean mask), in that order."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
-        images = self.images[rows] if self.in_memory else [self.images[i] for i in rows]
+        images = self.images[rows] if isinstance(self.images, np.ndarray) else [self.images[i] for i in rows]
         return RetrievalTable(
             name=self.name, images=images, labels=self.labels[rows], splits=self.splits[rows],
             is_query=self.is_query[rows], is_gallery=self.is_gallery[rows], recall_at=self.recall_at,

@@ -69,7 +69,7 @@ def training_loader(dataset: ImageDataset, sampler: PKSampler, num_workers: int 
                       persistent_workers=workers > 0)
 
 
-def inference_loader(dataset: ImageDataset, batch_size: int, num_workers: int | None = 0,
+def inference_loader(dataset: Dataset, batch_size: int, num_workers: int | None = 0,
                      pin_memory: bool | None = None, device: str | torch.device = "cpu") -> DataLoader:
     """Batches of ``dataset`` in order; workers and pinning as in ``training_loader``."""
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=loader_workers(num_workers, device),

@@ -72,9 +72,9 @@ class TrainTransform:
         lo, hi = self.resize_range
         longer = max(1, round(rng.uniform(lo, hi) * self.size))
         canvas = max(self.size, longer) if self.pad == "square" else self.size
-        image = to_tensor(image)
-        resized = F.resize(image, [longer, longer], antialias=True) if self.pad == "stretch" else \
-            _resize_longer(image, longer)
+        pixels = to_tensor(image)
+        resized = F.resize(pixels, [longer, longer], antialias=True) if self.pad == "stretch" else \
+            _resize_longer(pixels, longer)
         tensor = _pad_to(resized, canvas)
         top = int(rng.integers(0, tensor.shape[1] - self.size + 1))
         left = int(rng.integers(0, tensor.shape[2] - self.size + 1))

@@ -12,6 +12,9 @@ l2-normalised.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
 import numpy as np
 import torch
 
@@ -20,11 +23,26 @@ from ..errors import DeepMetricError
 from ..models.modes import eval_mode
 from .evaluator import EmbedSettings, embed_outputs
 
+if TYPE_CHECKING:
+    from ..models.embedder import Embedder
+    from ..models.heads import HeadOutput
 
-def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, table: RetrievalTable,
+
+@runtime_checkable
+class _WithAuxiliaryEmbeddings(Protocol):
+    """What evaluation reads of the training objective (``losses.Objective``, a layer it does not import)."""
+
+    def auxiliary_embeddings(self, output: HeadOutput) -> dict[str, torch.Tensor]: ...
+
+
+def embed_with_objective(model: Embedder, objective: torch.nn.Module, table: RetrievalTable,
                          settings: EmbedSettings, desc: str = "embedding") -> dict[str, np.ndarray]:
     """``{"embedding": model's, "<head>.<name>": ..., "<regulariser>.<name>": ...}`` for every row of ``table``."""
-    def select(output):
+    if not isinstance(objective, _WithAuxiliaryEmbeddings):
+        raise TypeError(f"objective: expected a module with auxiliary_embeddings(output) (losses.Objective), got "
+                        f"{type(objective).__name__}")
+
+    def select(output: HeadOutput) -> dict[str, torch.Tensor]:
         return {"embedding": output.embedding, **model.head.auxiliary_embeddings(output),
                 **objective.auxiliary_embeddings(output)}
 
@@ -32,10 +50,12 @@ def embed_with_objective(model: torch.nn.Module, objective: torch.nn.Module, tab
         return embed_outputs(model, table, settings, select, desc)
 
 
-def learner_summary(rows: dict[str, dict[str, float]], prefix: str | None) -> dict[str, dict[str, float]]:
+def learner_summary(rows: Mapping[str, Mapping[str, float | None]],
+                    prefix: str | None) -> dict[str, dict[str, float | None]]:
     """Each metric's mean and standard deviation over the rows ``<prefix>1`` … ``<prefix>M`` (ABE Tables 1-2's
     "Ind" columns: mean ± std over the individual learners), as two rows; none for fewer than two learners.
-    The paper does not say which deviation; this is the population one (numpy's default, ddof 0)."""
+    The paper does not say which deviation; this is the population one (numpy's default, ddof 0). A metric that is
+    undefined (None: NMI of queries that are all of different classes) for a learner is undefined in both rows."""
     if not prefix:
         return {}
     members = {name: metrics for name, metrics in rows.items()
@@ -43,10 +63,11 @@ def learner_summary(rows: dict[str, dict[str, float]], prefix: str | None) -> di
     if len(members) < 2:
         return {}
     first = next(iter(members.values()))
-    values = {key: np.array([metrics[key] for metrics in members.values()]) for key in first}
+    values = {key: [metrics[key] for metrics in members.values()] for key in first}
+    defined = {key: np.array(v) for key, v in values.items() if None not in v}
     span = f"{prefix}1-{len(members)}"
-    return {f"{span} mean": {key: float(v.mean()) for key, v in values.items()},
-            f"{span} std": {key: float(v.std()) for key, v in values.items()}}
+    return {f"{span} mean": {key: float(defined[key].mean()) if key in defined else None for key in values},
+            f"{span} std": {key: float(defined[key].std()) if key in defined else None for key in values}}
 
 
 def concat_pca(fit: dict[str, np.ndarray], apply: dict[str, np.ndarray], dim: int = 512) -> np.ndarray:

@@ -84,7 +84,7 @@ def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSe
 
 def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
                   nmi: bool = True, engine: str = "auto", progress: bool = True,
-                  rerank: Rerank | None = None) -> dict[str, float]:
+                  rerank: Rerank | None = None) -> dict[str, float | None]:
     """Metrics of one split's embeddings under its query/gallery flags (``progress``, ``rerank``: as
     ``compute_metrics``).
 
@@ -96,7 +96,7 @@ def split_metrics(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequ
 
 def split_metrics_per_query(embeddings: np.ndarray, table: RetrievalTable, recall_at: Sequence[int],
                             nmi: bool = True, engine: str = "auto", progress: bool = True,
-                            rerank: Rerank | None = None) -> tuple[dict[str, float], PerQuery]:
+                            rerank: Rerank | None = None) -> tuple[dict[str, float | None], PerQuery]:
     """``split_metrics`` and each query's results (``PerQuery``, the ``is_query`` rows in order), from one ranking."""
     rows = np.arange(len(table))
     query_rows, gallery_rows = rows[table.is_query], rows[table.is_gallery]

@@ -71,7 +71,7 @@ def resolve_engine(engine: str) -> str:
 
 
 @contextmanager
-def full_float32_products():
+def full_float32_products() -> Iterator[None]:
     """Products in IEEE float32 (no TF32 on CUDA) inside the block, the caller's choice restored after it."""
     chosen = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")

@@ -388,8 +388,7 @@ def reranked_blocks(v: SparseRows, query_rows: np.ndarray, gallery_rows: np.ndar
         # each entry (query, column j, V_qj) against the gallery rows g of column j: min(V_qj, V_gj) added at (q, g)
         matched = _ranges(col_starts[entry_col], spans)
         mins = np.minimum(np.repeat(v.values[entries], spans), col_values[matched])
-        target = np.repeat(np.repeat(np.arange(b, dtype=index_type) * n_gallery, lengths), spans)
-        target += col_gallery[matched]
+        target = np.repeat(np.repeat(np.arange(b, dtype=index_type) * n_gallery, lengths), spans) + col_gallery[matched]
         shared = np.bincount(target, weights=mins, minlength=b * n_gallery).reshape(b, n_gallery)  # in column order
         sims = query_sims(start, stop).cpu()
         mine = None if own is None else own[start:stop]
@@ -477,7 +476,10 @@ def k_reciprocal_search(queries: torch.Tensor, gallery: torch.Tensor, k: int, se
         row_min = np.concatenate([[float(s.min())], np.minimum(base.row_min, s.double().numpy())])
         graph = NeighbourGraph(lists, np.concatenate([own_values.numpy(), values[:, :kept].numpy()]), row_min)
         v = encode_all(graph, torch.cat([queries[q:q + 1], gallery]), settings)
+        def own_sims(start: int, stop: int, s: torch.Tensor = s) -> torch.Tensor:
+            return s[None]
+
         _, values, indices = next(reranked_blocks(v, np.array([0]), np.arange(1, n + 1), graph.row_max_distance(),
-                                               lambda start, stop, s=s: s[None], min(k, n), settings))
+                                               own_sims, min(k, n), settings))
         scores[q], ids[q] = 1.0 + values[0].numpy(), indices[0].numpy()
     return scores, ids

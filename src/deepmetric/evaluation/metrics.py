@@ -276,7 +276,7 @@ def retrieval_metrics(query: np.ndarray | torch.Tensor, query_labels: np.ndarray
                       gallery_labels: np.ndarray | torch.Tensor | None = None,
                       recall_at: Sequence[int] = (1, 2, 4, 8), nmi: bool = True,
                       engine: str = "auto", progress: bool = False,
-                      rerank: Rerank | str | None = None) -> dict[str, float]:
+                      rerank: Rerank | str | None = None) -> dict[str, float | None]:
     """Recall@K, MAP@R, R-precision and NMI (the module docstring defines them; thesis §2.6.2).
 
     Args:

@@ -78,11 +78,12 @@ def table_identity(table: RetrievalTable) -> dict[str, str]:
 def save_per_query(path: Path, per_query: PerQuery, identity: dict[str, str]) -> None:
     """Write ``per_query`` and the table's ``identity`` to ``path`` (compressed ``.npz``, atomically)."""
     buffer = io.BytesIO()
+    named: dict[str, Any] = {key: np.str_(identity[key]) for key in IDENTITY}  # (mypy matches ** to allow_pickle)
     np.savez_compressed(buffer, first_hit=per_query.first_hit.astype(np.int32),
                         average_precision=per_query.average_precision.astype(np.float32),
                         r_precision=per_query.r_precision.astype(np.float32),
                         relevant=per_query.relevant.astype(np.int32), depth=np.int64(per_query.depth),
-                        **{key: np.str_(identity[key]) for key in IDENTITY})
+                        **named)
     atomic_write_bytes(path, buffer.getvalue())
 
 

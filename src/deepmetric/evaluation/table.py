@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 def metric_label(key: str) -> str:
     if key.startswith("val_"):
@@ -16,7 +18,7 @@ def percent(value: float | None) -> str:
     return "—" if value is None or value != value else f"{100 * value:.2f}"
 
 
-def format_table(rows: dict[str, dict[str, float]]) -> str:
+def format_table(rows: Mapping[str, Mapping[str, float | None]]) -> str:
     """One row per model, one column per metric (the union of keys, recall first), values in %."""
     keys: list[str] = []
     for metrics in rows.values():

@@ -139,7 +139,7 @@ class MirageGenerator(Generator):
         self.virtual_per_class = int(o.virtual_per_class)
         self.pooled = head.pooled_dim is not None
         self.embedding_dim = int(head.embedding_dim)
-        self.feature_dim = int(head.pooled_dim) if self.pooled else self.embedding_dim
+        self.feature_dim = int(head.pooled_dim) if head.pooled_dim is not None else self.embedding_dim
         self.normalized = bool(head.normalized)
         self.normalize_input = self.normalized if o.normalize_input is None else bool(o.normalize_input)
         self.noise_std = float(o.noise_std)

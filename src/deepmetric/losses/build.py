@@ -6,7 +6,7 @@ head asks for; a cross-batch memory; ``create_objective`` for a loop of one's ow
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ class _as_config_error:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> Literal[False]:
         if error is None or isinstance(error, DeepMetricError) or not isinstance(error, Exception):
             return False
         message = " ".join(str(error).split()) or type(error).__name__
@@ -126,7 +126,7 @@ def try_loss(loss: nn.Module, embedding_size: int, num_classes: int | None, name
             embeddings = F.normalize(torch.randn(classes * TRIAL_PER_CLASS, embedding_size, generator=generator),
                                      dim=1).requires_grad_(True)
             labels = torch.arange(classes).repeat_interleave(TRIAL_PER_CLASS)
-            calls = [()]
+            calls: list[tuple[torch.Tensor, ...]] = [()]
             if reference:  # (the call without one ran when the loss was built)
                 calls = [(F.normalize(torch.randn(len(labels), embedding_size, generator=generator), dim=1),
                           labels.flip(0))]

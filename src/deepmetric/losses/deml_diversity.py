@@ -28,6 +28,7 @@ antipodal learners.
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +40,18 @@ from .gradient_reversal import ganin_lambda, reverse_gradient
 from .registry import REGULARIZERS
 
 
+@runtime_checkable
+class DecoupledLearners(Protocol):
+    """A head with I x J decoupled learners of d' dimensions (the deml head)."""
+
+    num_scales: int
+    num_branches: int
+    part_dim: int
+
+
 def learner_grid(head: nn.Module | None, regularizer: str) -> tuple[int, int, int]:
     """(I, J, d') of a head with decoupled learners (the deml head)."""
-    if head is None or not all(hasattr(head, a) for a in ("num_scales", "num_branches", "part_dim")):
+    if not isinstance(head, DecoupledLearners):  # has the three attributes
         raise ConfigError(f"regularizer '{regularizer}' needs a head with I x J decoupled learners (the deml head); "
                           f"got {type(head).__name__}")
     return head.num_scales, head.num_branches, head.part_dim

@@ -80,18 +80,19 @@ class HordeRegularizer(nn.Module):
             raise ConfigError("regularizer 'horde': loss_options needs loss (the name of the loss they configure)")
         if reduce_channels is not None and reduce_channels < 1:
             raise ConfigError(f"regularizer 'horde': reduce_channels must be at least 1, got {reduce_channels}")
-        self.reduce = nn.Identity()
+        self.reduce: nn.Module = nn.Identity()
         if reduce_channels:
-            self.reduce = nn.Conv2d(channels, reduce_channels, kernel_size=1, bias=False)
-            nn.init.xavier_uniform_(self.reduce.weight)
+            reduce = nn.Conv2d(channels, reduce_channels, kernel_size=1, bias=False)
+            nn.init.xavier_uniform_(reduce.weight)
+            self.reduce = reduce
             channels = reduce_channels
         self.moments = HighOrderMoments(channels, orders=orders, dim=dim, mode=mode, scale=scale, seed=seed)
         embedding_dim = head.embedding_dim if embedding_dim is None else embedding_dim
-        self.embed = nn.ModuleList(
-            nn.Linear(dim, embedding_dim, bias=False) if embedding_dim else nn.Identity() for _ in range(orders - 1))
-        if init == "glorot" and embedding_dim:
-            for layer in self.embed:
+        layers = [nn.Linear(dim, embedding_dim, bias=False) for _ in range(orders - 1)] if embedding_dim else []
+        if init == "glorot":
+            for layer in layers:
                 glorot_uniform_(layer.weight, dim, embedding_dim)
+        self.embed = nn.ModuleList(layers or [nn.Identity() for _ in range(orders - 1)])
         if loss is not None:
             from . import build_loss
 

@@ -27,7 +27,7 @@ class MarginLoss(nn.Module):
         if per_class and not num_classes:
             raise ConfigError("margin loss: per_class=true needs the number of training classes")
         self.margin, self.nu, self.per_class = margin, nu, per_class
-        size = num_classes if per_class else 1
+        size = num_classes if per_class and num_classes else 1  # (per_class without num_classes was refused)
         self.beta = nn.Parameter(torch.full((size,), float(beta)), requires_grad=learn_beta)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor | None = None,

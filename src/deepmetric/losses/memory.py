@@ -51,6 +51,9 @@ class CrossBatchMemory(nn.Module):
     ``checkpoint_state`` and ``load_checkpoint_state`` carry them in ``last``.
     """
 
+    rows: torch.Tensor  # buffers (register_buffer)
+    labels: torch.Tensor
+
     def __init__(self, size: int, warmup_steps: int = PAPER_WARMUP_STEPS, weight: float = 1.0):
         super().__init__()
         if int(size) < 1 or int(warmup_steps) < 0 or not float(weight) >= 0:

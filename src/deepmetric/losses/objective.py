@@ -116,16 +116,18 @@ class Objective(nn.Module):
         """``{"<regulariser>.<name>": (B, D)}`` from every regulariser that exposes ``embeddings``."""
         found = {}
         for reg_name, regularizer in self.regularizers.items():
-            if callable(getattr(regularizer, "embeddings", None)):
-                found.update({f"{reg_name}.{k}": v for k, v in regularizer.embeddings(output).items()})
+            embeddings = getattr(regularizer, "embeddings", None)
+            if callable(embeddings):
+                found.update({f"{reg_name}.{k}": v for k, v in embeddings(output).items()})
         return found
 
     def set_step(self, step: int) -> None:
         """Tell every term that follows a schedule (``set_step(step)``, e.g. DeML's gradient-reversal ramp) the
         0-based training step about to be taken."""
         for module in self.modules():
-            if module is not self and callable(getattr(module, "set_step", None)):
-                module.set_step(step)
+            set_step = getattr(module, "set_step", None)
+            if module is not self and callable(set_step):
+                set_step(step)
 
     def forward(self, output: HeadOutput, labels: torch.Tensor,
                 generated: tuple[torch.Tensor, torch.Tensor] | None = None

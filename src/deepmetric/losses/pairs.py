@@ -17,7 +17,7 @@ def check_reference(embeddings: torch.Tensor, ref_emb: torch.Tensor | None,
     """``ref_emb`` and ``ref_labels`` come together, one label per reference row, as wide as the queries."""
     if (ref_emb is None) != (ref_labels is None):
         raise ValueError("ref_emb and ref_labels go together: give both or neither")
-    if ref_emb is not None and (ref_emb.dim() != 2 or ref_emb.shape[1] != embeddings.shape[1]
+    if ref_emb is not None and ref_labels is not None and (ref_emb.dim() != 2 or ref_emb.shape[1] != embeddings.shape[1]
                                 or len(ref_labels) != len(ref_emb)):
         raise ValueError(f"the reference set is {tuple(ref_emb.shape)} with {len(ref_labels)} labels; expected "
                          f"(R, {embeddings.shape[1]}) with R labels")
@@ -34,7 +34,7 @@ def similarity_and_masks(embeddings: torch.Tensor, labels: torch.Tensor, ref_emb
     """
     check_reference(embeddings, ref_emb, ref_labels)
     unit = F.normalize(embeddings, dim=1)
-    if ref_emb is not None:
+    if ref_emb is not None and ref_labels is not None:  # (check_reference: both or neither)
         same = labels[:, None] == ref_labels[None, :]
         return unit @ F.normalize(ref_emb, dim=1).t(), same, ~same
     sims = unit @ unit.t()

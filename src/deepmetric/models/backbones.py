@@ -28,6 +28,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +38,9 @@ from ..registry import Registry
 from .bn_inception import bn_inception_stages
 from .inception_v1 import inception_v1_stages
 from .weights import load_weights
+
+if TYPE_CHECKING:
+    from timm.models.efficientnet import EfficientNet
 
 Stage = tuple[str, nn.Module, int, int]  # (name, module, out_channels, cumulative stride)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -56,8 +60,9 @@ class Backbone:
     """Stride of F relative to the image."""
     tail_channels: int
     tail_stride: int
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]
+    """Per input channel (3, RGB), as ``Network.mean``."""
+    std: tuple[float, ...]
     bgr: bool
     split: str
     split_points: tuple[str, ...]
@@ -83,7 +88,7 @@ class TimmFeatures(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a timm model: forward_features is timm's, not nn.Module's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.forward_features(x)
@@ -126,14 +131,14 @@ def _lite0_state_dict() -> dict[str, torch.Tensor]:
     return renamed
 
 
-def lite0_classifier(pretrained: bool = True) -> nn.Module:
+def lite0_classifier(pretrained: bool = True) -> EfficientNet:
     """The whole EfficientNet-Lite0 with its ImageNet classifier (used to check the weights)."""
     import timm
 
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
     if pretrained:
         model.load_state_dict(_lite0_state_dict())
-    return model
+    return cast("EfficientNet", model)  # timm builds every tf_efficientnet_* with its EfficientNet class
 
 
 @BACKBONES.register("lite0")
@@ -239,6 +244,7 @@ def _tiny(pretrained: bool) -> Network:
 def _timm(name: str, pretrained: bool) -> Network:
     import timm
 
+    model: Any  # feature_info, num_features and pretrained_cfg are timm models' attributes, not nn.Module's
     try:
         model = timm.create_model(name, pretrained=pretrained, num_classes=0)
     except RuntimeError as error:

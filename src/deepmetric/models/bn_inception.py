@@ -15,6 +15,7 @@ modules, so that the usual file loads with ``model.weights`` (and ``model.trust_
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ class BNInceptionBlock(nn.Module):
     def __init__(self, cin: int, c1: int, c3r: int, c3: int, d3r: int, d3: int, pool: str, proj: int,
                  stride: int = 1):
         super().__init__()
-        branches = {}
+        branches: dict[str, nn.Module] = {}
         if c1:
             branches["1x1"] = conv_bn_relu(cin, c1, 1)
         branches["3x3_reduce"] = conv_bn_relu(cin, c3r, 1)
@@ -54,7 +55,7 @@ class BNInceptionBlock(nn.Module):
         self.out_channels = c1 + c3 + d3 + (proj or cin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        branch = self._modules
+        branch = cast(dict[str, nn.Module], self._modules)  # each entry is a module __init__ added, never None
         outputs = [branch["1x1"](x)] if "1x1" in branch else []
         outputs.append(branch["3x3"](branch["3x3_reduce"](x)))
         outputs.append(branch["double_3x3_2"](branch["double_3x3_1"](branch["double_3x3_reduce"](x))))

@@ -26,6 +26,9 @@ class Embedder(nn.Module):
     ``create_model`` that rebuild the architecture (saved with every checkpoint).
     """
 
+    mean: torch.Tensor  # (1, 3, 1, 1) buffers (register_buffer)
+    std: torch.Tensor
+
     def __init__(self, trunk: nn.Module, head: Head, mean: tuple, std: tuple, bgr: bool,
                  spec: dict[str, Any]):
         super().__init__()

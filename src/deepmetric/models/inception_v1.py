@@ -9,6 +9,8 @@ from a safetensors file (``model.weights``). Caffe's preprocessing is BGR, 0-255
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -48,14 +50,14 @@ INCEPTION_BLOCKS = {
 
 def inception_v1_stages() -> list[tuple[str, nn.Module, int, int]]:
     """The network as ``(name, module, out_channels, stride)`` stages, up to inception 5b (no classifier)."""
-    lrn = {"size": 5, "alpha": 1e-4, "beta": 0.75}
+    lrn = functools.partial(nn.LocalResponseNorm, size=5, alpha=1e-4, beta=0.75)
     stem = nn.Sequential(
         conv_relu(3, 64, 7, stride=2, padding=3),
         nn.MaxPool2d(3, stride=2, ceil_mode=True),
-        nn.LocalResponseNorm(**lrn),
+        lrn(),
         conv_relu(64, 64, 1),
         conv_relu(64, 192, 3, padding=1),
-        nn.LocalResponseNorm(**lrn),
+        lrn(),
         nn.MaxPool2d(3, stride=2, ceil_mode=True),
     )
     stages: list[tuple[str, nn.Module, int, int]] = [("conv", stem, 192, 8)]

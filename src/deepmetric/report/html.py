@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from ..runs.folder import RunDir
 from ..runs.model import load_run_model
 from ..runs.table import load_table
 from . import figures
+
+if TYPE_CHECKING:
+    from ..models.embedder import Embedder
 
 logger = logging.getLogger("deepmetric")
 
@@ -120,7 +123,7 @@ def _figure(heading: str, draw: Callable[[], str]) -> str:
                 f"{_text(error)}); the rest of the report is complete.</p>")
 
 
-def _attention_section(model: torch.nn.Module, table: Any, image_size: int, test_resize: str,
+def _attention_section(model: Embedder, table: Any, image_size: int, test_resize: str,
                         device: torch.device, count: int = 4, seed: int = 0) -> str:
     """Overlays of the head's attention maps on a few test images, or '' for heads without maps."""
     from ..data.transforms import TestTransform

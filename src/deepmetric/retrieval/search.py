@@ -44,7 +44,7 @@ class IndexSearcher:
     """Nearest neighbours of vectors in an index (no model; see ``Searcher`` for images)."""
 
     def __init__(self, index_dir: str | Path, model: bool = False):
-        self.index_dir = Path(index_dir)
+        self.index_dir: Path | None = Path(index_dir)  # None: a Python Index held in memory only
         self.manifest: IndexManifest = read_manifest(self.index_dir, model=model)
         self.index = read_faiss(self.index_dir, self.manifest)
         self.exact = read_embeddings(self.index_dir, self.manifest) if self.manifest.kind == "ivf-pq" else None
@@ -81,6 +81,7 @@ class IndexSearcher:
 
     def _rerank(self, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact scores of the candidates (-1 = none), best first, ties by smaller id."""
+        assert self.exact is not None  # search_vectors re-ranks only with the exact vectors
         exact = np.einsum("qd,qwd->qw", queries, self.exact[np.maximum(candidates, 0)])
         exact[candidates < 0] = -np.inf
         order = np.lexsort((candidates, -exact), axis=1)[:, :k]
@@ -131,7 +132,7 @@ class Searcher(IndexSearcher):
 
     def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
         super().__init__(index_dir, model=True)  # the model record checked, its paths found where the index is now
-        self.run = index_run(self.index_dir, self.manifest.model, device, verify_checkpoint)
+        self.run = index_run(Path(index_dir), self.manifest.model, device, verify_checkpoint)
         self.transform = TestTransform(self.run.image_size, self.run.test_resize)
 
     @property

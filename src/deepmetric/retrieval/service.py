@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -105,7 +105,7 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
     manifest = searcher.manifest
 
     @asynccontextmanager
-    async def lifespan(_: Any):
+    async def lifespan(_: Any) -> AsyncIterator[None]:
         yield
         gate.close()
 

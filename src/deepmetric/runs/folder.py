@@ -90,7 +90,7 @@ skipped so far, the scale): figures beside the loss and its terms, as ``lr`` and
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
 
     def owns(self, path: str | Path) -> bool:

@@ -122,9 +122,7 @@ class TrainedRun:
             self.to(device)
         if not items:
             return np.zeros((0, self.embedding_dim), dtype=np.float32)
-        table = ImagesTable(name="images", images=items, labels=np.zeros(len(items)),
-                             splits=np.array(["test"] * len(items), dtype=object),
-                             is_query=np.ones(len(items), bool), is_gallery=np.ones(len(items), bool))
+        table = ImagesTable.of(items)
         embeddings = embed_table(self.model, table, self.embed_settings(len(items), batch_size, progress))
         return embeddings.astype(np.float32, copy=False)
 

@@ -358,7 +358,7 @@ def intervals(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
         for m in shown:
             values = list(values_of(rows, variant, m).values())
             found = statistics.summarise(values) if values else None
-            cells.append("—" if found is None or found.low is None
+            cells.append("—" if found is None or found.low is None or found.high is None
                          else f"[{100 * found.low:.2f}, {100 * found.high:.2f}]")
         lines.append(f"| {cell(variant)} | {max(s[2] for s in stats.values())} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -56,6 +56,7 @@ class Dimension:
             return trial.suggest_categorical(self.key, list(self.choices))
         if self.is_int:
             return trial.suggest_int(self.key, self.low, self.high, step=self.step or 1, log=self.log)
+        assert self.low is not None and self.high is not None  # a range: _dimension sets both when there are no choices
         return trial.suggest_float(self.key, float(self.low), float(self.high), step=self.step, log=self.log)
 
     def bounds(self) -> list[Any]:

@@ -281,15 +281,16 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
                      protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
                      record=record_dir, compare=compare, seed_validation=seed_validation, tune=tune)
-    failing = {}  # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
+    # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
+    failing: dict[str, ConfigError] = {}
     for run in spec.runs():
         try:
             build_config(*run.layers)
         except ConfigError as error:
             failing[run.name] = error
     if failing and len(failing) == len(spec.runs()):
-        name, error = next(iter(failing.items()))
-        raise ConfigError(f"study file {path}, run {name}: {error}")
+        name, failure = next(iter(failing.items()))
+        raise ConfigError(f"study file {path}, run {name}: {failure}")
     if tune is not None:
         _check_space(spec, tune, path)
     return spec

@@ -126,7 +126,7 @@ def score_of(run: RunDir, objective: str) -> tuple[float, int | None, dict[str, 
     """``objective`` on the validation classes at the checkpoint the library selects from ``run``'s log (the best
     ``selection_key``; the earliest among equals, as training keeps it), that step, and its validation figures;
     ``(0.0, None, {})`` when nothing was validated."""
-    best: tuple[list[float], int, dict[str, float]] | None = None
+    best: tuple[list[float], int | None, dict[str, float]] | None = None
     for record in run.read_log():
         if record.get("split") != "val" or not all(k in record for k in ("recall@1", "map@r", "r_precision")):
             continue
@@ -265,8 +265,9 @@ def trials_of(spec: StudySpec, variant: str, record_only: bool = False) -> list[
         folder = None if root is None else root / "trials" / variant
         if folder is not None and folder.is_dir():
             numbers.update(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-    if record_only:
-        trials = [_read_trial(spec.record / "trials" / variant / str(n) / TRIAL) for n in sorted(numbers)]
+    if record_only:  # (no record: no numbers)
+        trials = [_read_trial(spec.record / "trials" / variant / str(n) / TRIAL)
+                  for n in sorted(numbers)] if spec.record is not None else []
     else:
         trials = [finished_trial(spec, variant, n) for n in sorted(numbers)]
     return [t for t in trials if t is not None]
@@ -338,7 +339,7 @@ def tuning_tables(spec: StudySpec, record_only: bool = False) -> dict[str, str]:
 def write_tuning(spec: StudySpec) -> dict[str, Path]:
     """``tuning_tables`` written in the study's ``out`` and, with a record, there too."""
     texts = tuning_tables(spec)
-    paths = {}
+    paths: dict[str, Path] = {}
     for folder in (spec.out, spec.record):
         if folder is None:
             continue

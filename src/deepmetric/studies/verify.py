@@ -34,7 +34,7 @@ from ..evaluation.per_query import FILE_OF, load_per_query
 from ..io import file_sha256
 from .aggregate import aggregate, aggregate_all_embeddings, same_tables, stamp_of, tables
 from .record import MANIFEST, RECORDED, problem, read_manifest, record_files, recorded
-from .spec import StudySpec
+from .spec import StudyRun, StudySpec
 
 TOLERANCE = 1e-6
 """How far a ``metrics.json`` figure may lie from its per-query file's (float32 sums in another order)."""
@@ -193,14 +193,20 @@ def _compare_text(path: Path, recorded_text: str, computed: str, found: Verifica
 def _check_tables(spec: StudySpec, found: Verification) -> None:
     root = spec.record
     assert root is not None
-    rows = aggregate(spec, spec.record_dir)
+
+    def record_dir(run: StudyRun) -> Path:
+        folder = spec.record_dir(run)
+        assert folder is not None  # the study has a record (root)
+        return folder
+
+    rows = aggregate(spec, record_dir)
     if not rows:
         found.notes.append("no run is recorded: no table to check")
         return
     markdown_file = root / "results.md"
     stamp = stamp_of(markdown_file.read_text(errors="replace")) if markdown_file.is_file() else None
-    embedding_rows = aggregate_all_embeddings(spec, spec.record_dir) if spec.all_embeddings else None
-    computed = tables(spec, rows, embedding_rows, folder_of=spec.record_dir, stamp=stamp)
+    embedding_rows = aggregate_all_embeddings(spec, record_dir) if spec.all_embeddings else None
+    computed = tables(spec, rows, embedding_rows, folder_of=record_dir, stamp=stamp)
     if not any((root / name).is_file() for name in computed):
         found.notes.append(f"the record holds no tables ({', '.join(computed)}): deepmetric study FILE writes them "
                            "into it; only the runs' files were checked")

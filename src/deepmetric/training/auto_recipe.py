@@ -28,6 +28,7 @@ Every choice is a config layer below the user's ``key=value`` overrides, which w
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,7 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def image_size(paths: list[Any], sample: int = SIZE_SAMPLE) -> tuple[int, int]:
+def image_size(paths: Sequence[Any] | np.ndarray, sample: int = SIZE_SAMPLE) -> tuple[int, int]:
     """The training size for images ``paths`` (files, or arrays held in memory; an evenly spaced sample of at most
     ``sample``): their median shorter side rounded to a multiple of ``SIZE_STEP`` within ``MIN_SIZE``-``MAX_SIZE``;
     and that median. Unreadable images are skipped here (the run's own image check names them)."""

@@ -58,12 +58,15 @@ class CompiledForward:
 def _is_compile_error(failure: Exception) -> bool:
     """Whether ``failure`` was raised by compiling (dynamo, AOTAutograd or a backend), not by the model's own
     code run eagerly: those errors come from ``torch._dynamo`` / ``torch._inductor`` modules."""
+    dynamo_errors: tuple[type[Exception], ...]
     try:
         from torch._dynamo.exc import TorchDynamoException
+
+        dynamo_errors = (TorchDynamoException,)
     except ImportError:  # pragma: no cover (every torch this project supports has it)
-        TorchDynamoException = ()  # noqa: N806
+        dynamo_errors = ()
     module = type(failure).__module__
-    return isinstance(failure, TorchDynamoException) or module.startswith(("torch._dynamo", "torch._inductor"))
+    return isinstance(failure, dynamo_errors) or module.startswith(("torch._dynamo", "torch._inductor"))
 
 
 def training_forward(module: nn.Module, compile_model: bool) -> Any:

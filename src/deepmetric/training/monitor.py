@@ -42,6 +42,8 @@ class ConstantLoss:
     (margins every pair satisfies, a term zeroed by a NaN option). ``update`` returns ``(first, last)`` step of the
     run once it reaches ``steps`` equal values, and only that once per training."""
 
+    value: float | None
+
     def __init__(self, steps: int):
         self.steps, self.value, self.first, self.said = steps, None, 0, False
 
@@ -58,6 +60,8 @@ class ConstantLoss:
 class StepLog:
     """The running figures between two log records: the images trained since the window started (validation time
     is left out: ``restart`` after it) and an exponentially smoothed loss for the progress bar."""
+
+    smoothed: float | None
 
     def __init__(self) -> None:
         self.window_start, self.images, self.smoothed = time.perf_counter(), 0, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,8 +36,9 @@ def objective_groups(objective: nn.Module) -> tuple[dict[str, list[nn.Parameter]
     for module in objective.modules():
         name = getattr(module, "parameter_group", None)
         if name:
-            groups.setdefault(name, []).extend(p for p in module.group_parameters() if p.requires_grad)
-            rates[name] = module.group_rate
+            group: Any = module  # a module that names a group has group_parameters() and group_rate (docstring)
+            groups.setdefault(name, []).extend(p for p in group.group_parameters() if p.requires_grad)
+            rates[name] = group.group_rate
     return {n: g for n, g in groups.items() if g}, {n: r for n, r in rates.items() if groups[n]}
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -84,8 +84,10 @@ def _validate(session: Session, step: int, bar: Any | None) -> None:
     state, for evaluating auxiliary embeddings) when it improves by ``selection_key``; every rank updates
     ``session.best`` alike."""
     config, context = session.config, session.context
-    metrics = evaluate(session.model, session.table, "val", EmbedSettings.from_config(config, session.device, False),
-                       (1,), nmi=False, engine=config.eval.engine, context=context)
+    settings = EmbedSettings.from_config(config, session.device, False)
+    metrics = cast(dict[str, float],  # nmi=False: every value is a float (NMI alone can be None)
+                   evaluate(session.model, session.table, "val", settings, (1,), nmi=False, engine=config.eval.engine,
+                            context=context))
     by = config.train.select_by
     key = selection_key(metrics, by)
     improved = improves(key, session.best)
@@ -242,6 +244,7 @@ def _batches(session: Session) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any
     from the decoded images (``data.cache``, which yields what the loader yields)."""
     d, device = session.config.data, session.device
     labels = np.searchsorted(session.classes, session.train_part.labels)
+    assert session.sampler is not None  # build_session made it
     if session.cache is not None:
         augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
         return iter(CachedBatches(session.cache, session.sampler, labels, augment, device))

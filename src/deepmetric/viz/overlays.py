@@ -16,9 +16,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.axes import Axes
+from matplotlib.backend_bases import RendererBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
+from matplotlib.image import AxesImage
 
 from ..render import figure_png
 
@@ -44,7 +47,8 @@ def _colour_scale(maps: Sequence[np.ndarray]) -> tuple[float, float]:
     return low, max(high, low + 1e-6)
 
 
-def _tile(axes, image: np.ndarray, overlay: np.ndarray | None, scale: tuple[float, float], title: str):
+def _tile(axes: Axes, image: np.ndarray, overlay: np.ndarray | None, scale: tuple[float, float],
+          title: str) -> AxesImage | None:
     axes.imshow(image, interpolation="bilinear")
     mappable = None
     if overlay is not None:
@@ -69,13 +73,14 @@ def image_overlays(image: np.ndarray, maps: torch.Tensor, title: str = "", part_
     for group, overlay in enumerate(upsampled):
         peak = float(maps[group].max())
         mappable = _tile(grid[group + 1], image, overlay, scale, f"{part_name} {group + 1} (peak {peak:.2f})")
+    assert mappable is not None  # at least one map was drawn (upsample refuses P = 0)
     figure.colorbar(mappable, ax=list(grid), fraction=0.02, pad=0.01, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=8)
     return figure_png(figure, dpi=100)
 
 
-def fit_text(text: str, width_px: float, renderer, fontsize: float, lines: int) -> str:
+def fit_text(text: str, width_px: float, renderer: RendererBase, fontsize: float, lines: int) -> str:
     """``text`` wrapped to ``width_px`` (measured by ``renderer`` at ``fontsize``, drawn as plain text) on at most
     ``lines`` lines: broken at spaces, inside a word only where the word alone is too wide; where it still does
     not fit, characters are left out of its middle for an ellipsis, so that its start and its end (a class
@@ -171,7 +176,8 @@ def top_images_grid(rows: Sequence[Sequence[tuple[np.ndarray, torch.Tensor, str]
     grid_top = height - title_band - caption_band
     colour_bar = figure.add_axes(((left + columns * tile + (columns - 1) * gap + 0.15) / width, bottom / height,
                                   0.12 / width, (grid_top - bottom) / height))
-    figure.colorbar(mappable, cax=colour_bar, label="attention weight")
+    if mappable is not None:  # None only when no row holds an image: nothing to scale
+        figure.colorbar(mappable, cax=colour_bar, label="attention weight")
     if title:
         figure.suptitle(title, fontsize=TITLE_PT, y=1 - 0.06 / height, va="top")
     return figure_png(figure, dpi=100)

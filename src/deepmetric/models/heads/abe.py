@@ -82,9 +82,10 @@ class MHeadsHead(Head):
         per_head = learner_dim("mheads", embedding_dim, num_heads)
         self.embedding_dim, self.num_heads = per_head * num_heads, num_heads
         self.tails = nn.ModuleList([tail] + [copy.deepcopy(tail) for _ in range(num_heads - 1)])
-        self.embeds = nn.ModuleList(nn.Linear(in_channels, per_head, bias=False) for _ in range(num_heads))
-        for embed in self.embeds:  # ABE §4: the final layers are Glorot-initialised
+        embeds = [nn.Linear(in_channels, per_head, bias=False) for _ in range(num_heads)]
+        for embed in embeds:  # ABE §4: the final layers are Glorot-initialised
             glorot_uniform_(embed.weight, in_channels, per_head)
+        self.embeds = nn.ModuleList(embeds)
 
     @property
     def num_parts(self) -> int:

@@ -121,6 +121,7 @@ class SigmoidMasks(nn.Module):
         self.num_learners, self.channels = num_learners, channels
         self.convs = nn.Conv2d(phi_dim, num_learners * channels, kernel_size=1)  # M convs as one
         glorot_uniform_(self.convs.weight, phi_dim, channels)
+        assert self.convs.bias is not None  # built with Conv2d's default bias=True
         nn.init.zeros_(self.convs.bias)
 
     def forward(self, phi_map: torch.Tensor) -> torch.Tensor:
@@ -191,7 +192,7 @@ class MultiBranchHead(Head):
     def num_parts(self) -> int:
         return self.num_branches
 
-    def attention_maps(self, features: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    def attention_maps(self, features: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
         """A = selector(phi(F)), resized to ``size``: (B, N, c_A, h, w)."""
         maps = self.selector(self.phi(features))
         if tuple(maps.shape[-2:]) != tuple(size):
@@ -223,7 +224,7 @@ class MultiBranchHead(Head):
         if self.tail_chunk is None or any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training
                                           for m in self.psi.modules()):
             return None
-        if self.tail_chunk == "auto":
+        if isinstance(self.tail_chunk, str):  # "auto", the one word check_tail_chunk lets through
             return CPU_TAIL_CHUNK if batch.device.type == "cpu" else None
         return self.tail_chunk
 

@@ -120,9 +120,11 @@ class Head(nn.Module):
     individual_learners: str | None = None
 
     @classmethod
-    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> Head:
-        """Build the head on top of ``backbone`` (the default passes its tail and the tail's channels)."""
-        return cls(tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim, **options)
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, *args: Any, **options: Any) -> Head:
+        """Build the head on top of ``backbone`` (the default passes its tail and the tail's channels). A head that
+        overrides it declares its own options (``*args, **options`` here lets the type checker accept that)."""
+        return cls(*args, tail=backbone.tail, in_channels=backbone.tail_channels, embedding_dim=embedding_dim,
+                   **options)
 
     @classmethod
     def default_split(cls, backbone_name: str, **options: Any) -> str | None:
@@ -134,8 +136,8 @@ class Head(nn.Module):
     def option_names(cls) -> list[str]:
         """The head's options: the keywords of its own ``from_backbone`` if it has one, and those of
         ``__init__`` when there is none or it forwards ``**options``."""
-        own_builder = cls.from_backbone.__func__ is not Head.from_backbone.__func__  # type: ignore[attr-defined]
-        builders = [cls.from_backbone, cls.__init__] if own_builder else [cls.__init__]
+        own_builder = inspect.getattr_static(cls, "from_backbone") is not inspect.getattr_static(Head, "from_backbone")
+        builders: list[Callable[..., Any]] = [cls.from_backbone, cls.__init__] if own_builder else [cls.__init__]
         names: list[str] = []
         for builder in builders:
             parameters = inspect.signature(builder).parameters.values()

@@ -181,7 +181,7 @@ class DeMLHead(Head):
 
     def forward(self, features: torch.Tensor) -> HeadOutput:
         images = features  # (B, 3, H, W): the normalised image (identity trunk)
-        b, size = images.shape[0], tuple(images.shape[-2:])
+        b, size = images.shape[0], (images.shape[-2], images.shape[-1])
         region = images.new_tensor([0.0, 0.0, size[1], size[0]]).expand(b, 4)
         x, pooled, inputs, regions, maps = images, [], [], [], []
         for scale in range(self.num_scales):

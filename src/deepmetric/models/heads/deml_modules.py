@@ -30,6 +30,7 @@ class ChannelAttention(nn.Module):
         caffe_xavier_uniform_(self.squeeze.weight, channels)  # the code's xavier filler, each gate's own fan-in
         caffe_xavier_uniform_(self.excite.weight, hidden)
         for conv in (self.squeeze, self.excite):
+            assert conv.bias is not None  # built with Conv2d's default bias=True
             nn.init.zeros_(conv.bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

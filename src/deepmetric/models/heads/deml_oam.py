@@ -149,7 +149,7 @@ def crop_and_zoom(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
     Applied to the normalised image this equals normalising the crop of the raw image (normalisation is a
     per-channel affine map and bilinear weights sum to 1)."""
-    size = tuple(images.shape[-2:])
+    size = (images.shape[-2], images.shape[-1])
     grid = F.affine_grid(_affine(boxes.to(images.dtype), size), list(images.shape), align_corners=False)
     return F.grid_sample(images.detach(), grid, mode="bilinear", padding_mode="border", align_corners=False)
 

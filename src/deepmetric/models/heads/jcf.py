@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +65,8 @@ def jcf_pool(x: torch.Tensor, g_left: torch.Tensor, g_right: torch.Tensor, u: to
 
 @HEADS.register("jcf")
 class JCFHead(Head):
+    alpha: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, in_channels: int, embedding_dim: int = 512, codewords: int = 32, rank: int | None = None,
                  reduce_dim: int | None = 256, alpha: float | None = None, factorization: str = "jcf",
                  init_images: int = 512):
@@ -92,7 +95,7 @@ class JCFHead(Head):
             self.b = nn.Parameter(torch.randn(codewords, rank) / math.sqrt(codewords))
 
     @classmethod
-    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options) -> JCFHead:
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> JCFHead:
         return cls(in_channels=backbone.channels, embedding_dim=embedding_dim, **options)
 
     def local_features(self, features: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ before the embedding, and the embedding is l2-normalised.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,7 +81,7 @@ class SecondOrderHead(Head):
         self.reduce, c = reduction(in_channels, reduce_dim)
         if pooling == "bilinear":
             self.reduce2, _ = reduction(in_channels, reduce_dim)
-        self.factor: nn.Module | None = None
+        self.factor: HighOrderMoments | TensorSketch | None = None
         if factorization == "none":
             size = c * c
         elif factorization == "random_maclaurin":
@@ -93,7 +95,7 @@ class SecondOrderHead(Head):
         self.embed = nn.Identity() if factorization == "rank_one" else nn.Linear(size, embedding_dim, bias=False)
 
     @classmethod
-    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options) -> SecondOrderHead:
+    def from_backbone(cls, backbone: Backbone, embedding_dim: int, **options: Any) -> SecondOrderHead:
         return cls(in_channels=backbone.channels, embedding_dim=embedding_dim, **options)
 
     def _matrix(self, features: torch.Tensor) -> torch.Tensor:
@@ -117,6 +119,7 @@ class SecondOrderHead(Head):
             x = x - x.mean(dim=1, keepdim=True)
         if isinstance(self.factor, TensorSketch):
             return self.factor(x.reshape(b * h * w, c)).view(b, h * w, -1).mean(dim=1)
+        assert self.factor is not None  # representation() comes here only with a factor
         return self.factor.locations(x.reshape(b * h * w, c))[0].view(b, h * w, -1).mean(dim=1)
 
     def representation(self, features: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,8 @@ The backward of the eigen route: for ``Q = U f(Δ) U^T`` and a symmetric ``G = s
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -57,14 +59,14 @@ def _eigen_power(sigma: torch.Tensor, power: float, eps: float) -> tuple[torch.T
 
 class _MatrixPower(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, sigma: torch.Tensor, power: float, eps: float) -> torch.Tensor:
+    def forward(ctx: Any, sigma: torch.Tensor, power: float, eps: float) -> torch.Tensor:
         eigenvalues, vectors, values, kept, result = _eigen_power(sigma, power, eps)
         ctx.save_for_backward(eigenvalues, vectors, values, kept)
         ctx.power = power
         return result
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         eigenvalues, vectors, values, kept = ctx.saved_tensors
         slope = ctx.power * eigenvalues ** (ctx.power - 1) * kept  # f'(λ); 0 where λ was floored
         gap = eigenvalues[..., :, None] - eigenvalues[..., None, :]

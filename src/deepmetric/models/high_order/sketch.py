@@ -26,6 +26,9 @@ def count_sketch_matrix(in_features: int, dim: int, generator: torch.Generator) 
 class TensorSketch(nn.Module):
     """(n, c) -> (n, D): the Tensor Sketch of ``x ⊗ x``."""
 
+    sketch1: torch.Tensor  # buffers (register_buffer)
+    sketch2: torch.Tensor
+
     def __init__(self, in_features: int, dim: int, seed: int = 0):
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
