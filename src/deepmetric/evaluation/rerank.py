@@ -34,8 +34,8 @@ MAX_SEARCH_ITEMS = 20_000
 every call before it re-ranks each query alone (docs/benchmarks.md, "Re-ranking")."""
 
 QE_N = 10
-"""Default neighbours of αQE and DBA (fast-reid's ``aqe``, ``qe_k=10``; the paper tunes n on landmark sets with tens of
-relevant images per query, ours hold a handful)."""
+"""Default neighbours of αQE and DBA: fast-reid's ``aqe`` default (``qe_k=10``), not taken from the paper, whose
+landmark queries have tens of relevant images (ours have a handful). α's default, 3, is the paper's."""
 
 
 def _whole(name: str, value: Any, low: int) -> int:
