@@ -12,7 +12,13 @@ Importing deepmetric before numpy sets ``OPENBLAS_THREAD_TIMEOUT=4`` unless it i
 ``openblas.py``).
 """
 
+from typing import TYPE_CHECKING
+
 from . import openblas  # noqa: F401  (first: OpenBLAS reads its settings when numpy loads it)
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers (imported on first use at run time)
+    from .api import Index, TrainedRun, load_run
+    from .models import Embedder, HeadOutput, create_model
 
 __version__ = "0.1.0"
 __all__ = ["Embedder", "HeadOutput", "Index", "TrainedRun", "__version__", "create_model", "load_run"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import os
 import stat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,10 @@ from . import glyphs, generic, benchmarks, emoji, icons  # noqa: F401, E402 (eac
 # isort: on
 from .sampler import PKSampler
 from .table import RetrievalDataset, RetrievalTable, check_paths_exist, check_protocol
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers
+    from .torch_dataset import ImageDataset
+    from .transforms import TestTransform, TrainTransform
 
 __all__ = [
     "DATASETS", "GLYPH_CHARS", "ImageDataset", "PKSampler", "RetrievalDataset", "RetrievalTable", "TestTransform",

@@ -7,7 +7,15 @@ precomputed embeddings do not import the data pipeline (torchvision).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers ("as": re-exported)
+    from .evaluator import EmbedSettings as EmbedSettings
+    from .evaluator import embed_table as embed_table
+    from .evaluator import evaluate as evaluate
+    from .evaluator import split_metrics as split_metrics
+    from .metrics import nmi_score as nmi_score
+    from .metrics import retrieval_metrics as retrieval_metrics
 
 EXPORTS = {"nmi_score": "metrics", "retrieval_metrics": "metrics", "EmbedSettings": "evaluator",
            "embed_table": "evaluator", "evaluate": "evaluator", "split_metrics": "evaluator"}

@@ -26,6 +26,7 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout: float = 10.0
     _head_deadline: asyncio.TimerHandle | None = None
 
+    # uvicorn's H11Protocol narrows asyncio.Protocol's BaseTransport to Transport (under its own ignore); so do we
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_deadline()
