@@ -312,7 +312,7 @@ def test_every_head_fills_the_memory_with_what_its_metric_losses_see(head, optio
         loss, terms = objective(model(images), labels)
         loss.backward()
     assert objective.memory.count == 24 and objective.memory.rows.shape[1] == width
-    assert float(terms["memory"]) > 0 and torch.isfinite(loss)
+    assert float(terms["memory"].detach()) > 0 and torch.isfinite(loss)
 
 
 # --- configuration ------------------------------------------------------------------------------------------------
@@ -427,6 +427,16 @@ def test_a_checkpoint_without_the_memory_is_refused_by_name():
         memory.load_checkpoint_state({}, {"size": 20, "count": 0, "position": 0})
     with pytest.raises(CheckpointError, match="do not hold its 12 rows"):
         memory.load_checkpoint_state({}, {"size": 30, "count": 12, "position": 12})
+
+
+def test_a_memory_of_another_width_than_the_losses_see_is_named():
+    """A checkpoint's memory is loaded as saved; rows of another width (a file edited by hand) are refused by name."""
+    objective = Objective(ContrastiveLoss(), memory=CrossBatchMemory(size=30, warmup_steps=0))
+    objective.load_checkpoint_state({"rows": torch.zeros(12, 5), "labels": torch.zeros(12, dtype=torch.long)},
+                                    {"size": 30, "count": 12, "position": 12})
+    output, labels = batches(1)[0]
+    with pytest.raises(ValueError, match="rows of width 5; the metric losses see 8"):
+        objective(output, labels)
 
 
 def test_two_processes_hold_and_use_the_memory_one_process_holds(tmp_path):

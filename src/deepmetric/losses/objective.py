@@ -95,7 +95,11 @@ class Objective(nn.Module):
             return value
         if memory.count:
             stored, stored_labels = memory.stored()
-            references = torch.split(stored, [r.shape[1] for r in rows], dim=1)
+            widths = [r.shape[1] for r in rows]
+            if stored.shape[1] != sum(widths):
+                raise ValueError(f"the cross-batch memory holds rows of width {stored.shape[1]}; the metric losses see "
+                                 f"{'+'.join(map(str, widths))}")
+            references = torch.split(stored, widths, dim=1)
             value = self._reduce([self._loss(i)(row, labels, reference, stored_labels)
                                   for i, (row, reference) in enumerate(zip(rows, references, strict=True))])
         if self.training:
