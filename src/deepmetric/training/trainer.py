@@ -167,6 +167,7 @@ def _loop(session: Session) -> TrainResult:
     config, run, context, device = session.config, session.run, session.context, session.device
     model, objective, optimizer, generator = session.model, session.objective, session.optimizer, session.generator
     t, start_step, precision = config.train, session.start_step, session.precision
+    has_val = session.table.count("val") > 0
     forward = training_forward(_distributed(model, context, device), t.compile)
     batches = _batches(session)
     started, step_log, constant = time.perf_counter(), StepLog(), ConstantLoss(CONSTANT_LOSS_STEPS)
@@ -205,7 +206,7 @@ def _loop(session: Session) -> TrainResult:
             if context.is_main and (done % t.log_every == 0 or done == t.steps):
                 _log_step(session, done, value, terms, step_log, bar)
             bar.update(1)
-            if session.table.count("val") > 0 and (done % t.eval_every == 0 or done == t.steps):
+            if has_val and (done % t.eval_every == 0 or done == t.steps):
                 _validate(session, done, bar if session.progress else None)
                 step_log.restart(keep_images=True)  # validation time is left out of the images/s figure
                 if out_of_patience(t.patience, t.eval_every, session.best.get("step"), done):
