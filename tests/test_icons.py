@@ -21,7 +21,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from deepmetric.data import icons as icons_module
-from deepmetric.data import load_dataset
+from deepmetric.data import icons_build, icons_dedup, load_dataset
 from deepmetric.data.icons import load_icons
 from deepmetric.data.icons_catalogue import Package
 from deepmetric.errors import DataError
@@ -280,7 +280,7 @@ def test_copies_are_dropped_for_a_reason_naming_what_they_copy(built):
     for key, expected in EXPECTED_DROPPED.items():
         assert dropped[key] == expected
     near = next(r for r in rows(root / "duplicates.csv") if r["reason"] == "near-identical")
-    assert 0 <= float(near["distance"]) <= icons_module.NEAR_IDENTICAL
+    assert 0 <= float(near["distance"]) <= icons_dedup.NEAR_IDENTICAL
     meta = json.loads((root / "meta.json").read_text())
     assert meta["dropped"] == {"alias": 1, "identical": 1, "near-identical": 1}
     assert meta["images"] == 29 and meta["classes"] == 7 and meta["size"] == 128
@@ -303,7 +303,7 @@ def test_the_split_is_class_disjoint_by_the_hash_of_the_name_and_validation_is_s
     source, packages = debs
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(icons_module, "PACKAGES", packages)
-    monkeypatch.setattr(icons_module, "apt_get_download", copier(source))
+    monkeypatch.setattr(icons_build, "apt_get_download", copier(source))  # build_icons' default fetcher
     first = load_dataset("icons", val_fraction=0.5, val_seed=3)
     again = load_dataset("icons", val_fraction=0.5, val_seed=3)
     assert first.meta["val_classes"] == again.meta["val_classes"] and len(first.meta["val_classes"]) == 2

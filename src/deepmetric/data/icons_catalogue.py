@@ -21,7 +21,8 @@
   ceil(n/2) train and the rest test (``training_names``); ``data.val_fraction`` carves a seeded validation split out
   of the training names (``data.val_seed``), as for every data set.
 
-Fetching, unpacking and rendering the drawings: ``icons.py``; reading an unpacked theme: ``icons_themes.py``.
+Fetching the packages: ``icons_fetch.py``; unpacking them: ``icons_unpack.py``; reading a theme: ``icons_themes.py``;
+rendering, deduplicating and writing the build: ``icons_build.py``; reading it as a table: ``icons.py``.
 """
 
 from __future__ import annotations
