@@ -2,7 +2,7 @@
 gives from the records committed beside them.
 
 A study whose record holds every run: each line of the table that ``deepmetric study`` writes from that record
-(``studies.aggregate.markdown``, mean ± std and the bold best) is on its study page as written, and the results
+(``studies.summary.markdown``, mean ± std and the bold best) is on its study page as written, and the results
 page's row of each variant gives its R@1 and MAP@R (mean ± std and 95% interval) as the record's statistics have
 them. A study still being trained: its page says how many of its runs are recorded, and that count is the record's.
 Nothing is trained here: the record is read as the study's run folders, as a fresh checkout restores them.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from deepmetric.studies.aggregate import aggregate, markdown
+from deepmetric.studies.collect import aggregate
 from deepmetric.studies.spec import StudySpec, load_study
+from deepmetric.studies.summary import markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"

@@ -12,7 +12,7 @@ import yaml
 
 from deepmetric.errors import CheckpointError, ConfigError, DeepMetricError
 from deepmetric.studies import aggregate, load_study, run_study
-from deepmetric.studies.aggregate import summarise
+from deepmetric.studies.summary import summarise
 from helpers import tiny_config
 
 
@@ -203,7 +203,7 @@ def test_a_study_holds_each_run_from_its_training_through_its_evaluation(tmp_pat
 
 
 def test_best_mean_of_each_column_is_bold(tmp_path):
-    from deepmetric.studies.aggregate import markdown
+    from deepmetric.studies.summary import markdown
 
     spec = load_study(write_study(tmp_path))
     rows = [{"variant": "a", "repeat": 0, "recall@1": 0.5, "map@r": 0.2},
@@ -214,7 +214,7 @@ def test_best_mean_of_each_column_is_bold(tmp_path):
 
 
 def test_best_is_marked_per_data_set_and_missing_metrics_show_a_dash(tmp_path):
-    from deepmetric.studies.aggregate import markdown
+    from deepmetric.studies.summary import markdown
 
     spec = load_study(write_study(tmp_path))
     rows = [{"variant": "a", "repeat": 0, "data": "glyphs", "recall@1": 0.5, "recall@32": 0.9},
@@ -231,7 +231,7 @@ def test_marks_follow_welchs_test_after_holm_and_never_a_single_run(tmp_path):
     repeats is significant at 0.05 after Holm's correction over every comparison of the table"."""
     from scipy import stats
 
-    from deepmetric.studies.aggregate import comparisons
+    from deepmetric.studies.comparison import comparisons
 
     spec = load_study(write_study(tmp_path, variants={"gap": {}, "abe": {}, "one": {}, "close": {}}, compare=["gap"]))
     values = {"gap": [0.70, 0.71, 0.72], "abe": [0.80, 0.81, 0.82], "one": [0.90], "close": [0.705, 0.72, 0.73]}
@@ -248,7 +248,8 @@ def test_marks_follow_welchs_test_after_holm_and_never_a_single_run(tmp_path):
 
 
 def test_compare_sets_each_variant_against_the_references_in_results_md(tmp_path):
-    from deepmetric.studies.aggregate import comparison, write_results
+    from deepmetric.studies.aggregate import write_results
+    from deepmetric.studies.comparison import comparison
 
     spec = load_study(write_study(tmp_path, variants={"gap": {}, "abe": {}, "other": {}}, compare=["gap"]))
     rows = [{"variant": v, "repeat": i, "data": d, "recall@1": r1, "map@r": mapr}

@@ -211,8 +211,8 @@ def line_index(text, start):
 
 
 def test_an_embedding_name_from_a_record_is_escaped(tmp_path):
-    from deepmetric.studies.aggregate import markdown
     from deepmetric.studies.record import problem
+    from deepmetric.studies.summary import markdown
 
     spec = load_study(write_study(tmp_path))
     rows = [{"variant": "abe / <b>x</b> | *y*", "repeat": 0, "data": "d", "recall@1": 0.5}]

@@ -1,7 +1,8 @@
 """Studies: a grid of runs (heads x losses x regularisers x seeds or class-disjoint splits) on one budget,
 resumable, aggregated into mean ± std tables and a chart."""
 
-from .aggregate import aggregate, write_results
+from .aggregate import write_results
+from .collect import aggregate  # after .aggregate: the package's `aggregate` is this function
 from .runner import run_study
 from .spec import StudySpec, load_study
 

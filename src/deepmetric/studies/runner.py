@@ -23,7 +23,8 @@ from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
 from ..runs.folder import RunDir, flat_settings
 from ..training import train
 from ..workflows import evaluate_all_embeddings, evaluate_run
-from .aggregate import aggregate, aggregate_all_embeddings, write_results
+from .aggregate import write_results
+from .collect import aggregate, aggregate_all_embeddings
 from .record import DamagedRecord, finished, record_lock, record_run, refuse_links, restore_run, write_manifest
 from .spec import StudyRun, StudySpec
 from .tuning import apply_best_values, run_tuning, trials_of

@@ -83,7 +83,7 @@ class StudySpec:
     record: Path | None = None
     """Where each finished run's small files are kept as well (``studies.record``), or none."""
     compare: list[str] = field(default_factory=list)
-    """The reference variants each variant is set against in ``results.md`` (``aggregate.comparison``)."""
+    """The reference variants each variant is set against in ``results.md`` (``comparison.comparison``)."""
     seed_validation: bool = False
     """With seeds: each seed also draws its own validation classes (``data.val_seed``)."""
     tune: TuneSpec | None = None
