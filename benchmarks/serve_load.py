@@ -62,7 +62,8 @@ def make_index(folder: Path, run_dir: Path, n: int, dim: int, size: int) -> Path
     """n random unit vectors in an exact flat index, items without files, tied to ``run_dir``'s model."""
     from deepmetric.retrieval import faiss_index
     from deepmetric.retrieval.build import model_record
-    from deepmetric.retrieval.store import IndexManifest, create_index
+    from deepmetric.retrieval.manifest import IndexManifest
+    from deepmetric.retrieval.store import create_index
     from deepmetric.runs.folder import RunDir
 
     x = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)

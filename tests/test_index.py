@@ -15,7 +15,8 @@ from deepmetric import workflows
 from deepmetric.cli import main
 from deepmetric.errors import IndexStoreError
 from deepmetric.retrieval import IndexSearcher, Searcher, faiss_index, store
-from deepmetric.retrieval.store import IndexManifest, create_index, read_manifest
+from deepmetric.retrieval.manifest import IndexManifest
+from deepmetric.retrieval.store import create_index, read_manifest
 from serve_helpers import make_gallery
 
 

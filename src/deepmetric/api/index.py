@@ -20,8 +20,9 @@ from ..evaluation.rerank import Rerank, as_rerank
 from ..io import check_writable
 from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
+from ..retrieval.manifest import IndexManifest
 from ..retrieval.search import Hit, IndexSearcher, check_k, index_run
-from ..retrieval.store import IndexManifest, append_to_index, create_index, locked, read_manifest
+from ..retrieval.store import append_to_index, create_index, locked, read_manifest
 from ..runs.trained import TrainedRun
 
 

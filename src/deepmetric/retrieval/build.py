@@ -25,7 +25,8 @@ from ..runs.checkpoint import checkpoint_state
 from ..runs.folder import RunDir
 from ..runs.model import load_run_model
 from . import faiss_index
-from .store import IndexManifest, append_to_index, create_index, locked, read_manifest
+from .manifest import IndexManifest
+from .store import append_to_index, create_index, locked, read_manifest
 
 
 @dataclass
@@ -72,7 +73,7 @@ def relative_item(file: Path, root: Path, source: int) -> dict[str, Any]:
 
 def model_record(run_dir: str | Path, checkpoint: Path, image_size: int, test_resize: str) -> dict[str, Any]:
     """What an index remembers of its model: where it is (absolute here; ``index.json`` keeps it relative to the
-    index folder, ``store.stored_path``), what it is, and the checkpoint's digest."""
+    index folder, ``manifest.stored_path``), what it is, and the checkpoint's digest."""
     state = checkpoint_state(checkpoint)
     return {"run_dir": str(Path(run_dir).resolve()), "checkpoint": str(checkpoint.resolve()),
             "checkpoint_sha256": file_sha256(checkpoint), "step": state.get("step"), "spec": state["model_spec"],

@@ -24,7 +24,8 @@ from ..models import Embedder
 from ..progress import progress_bar
 from ..runs.folder import RunDir
 from ..runs.trained import TrainedRun, open_run
-from .store import IndexManifest, read_embeddings, read_faiss, read_manifest
+from .manifest import IndexManifest
+from .store import read_embeddings, read_faiss, read_manifest
 
 
 @dataclass
