@@ -16,7 +16,7 @@ folder with the project's marker (a build of another archive, or one whose files
 
 Two processes fetching the same data set at once (two trainings started together) take turns on
 ``$DEEPMETRIC_DATA/.cub.lock``: the second waits, saying so, and then uses the first one's build instead of appending a
-second download to the same ``.part``.
+second download to the same ``.part`` (``turns.taking_turns``).
 
 What a server sends is bounded before it is written: a ``Content-Length`` beyond the published size is refused before
 the first byte, and a body streamed without one is cut at the published size (a server streaming without a length
@@ -31,9 +31,7 @@ reliably, and copies elsewhere are not the publishers'. ``MANUAL`` says where th
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import hashlib
 import http.client
 import json
@@ -44,7 +42,6 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -52,6 +49,7 @@ from typing import IO
 from ..errors import DataError
 from ..io import fsync_dir, temporary_folder
 from .glyphs import data_home
+from .turns import taking_turns, unwritable
 
 FORMAT_VERSION = 1
 TIMEOUT_S = 60.0
@@ -351,45 +349,12 @@ def fetch(name: str, root: Path | None = None, progress: bool = True) -> Path:
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise _unwritable(name, root.parent, error) from None
-    with _taking_turns(root.parent / f".{root.name}.lock", name):
+        raise unwritable(name, root.parent, error) from None
+    with taking_turns(root.parent / f".{root.name}.lock", name):
         if is_built(root, archive):  # built by the process this one waited for
             return root
         _check_ours(name, archive, root)
         return _fetch(name, archive, root, progress)
-
-
-def _unwritable(name: str, folder: Path, error: OSError) -> DataError:
-    return DataError(f"{name}: cannot write to {folder}: {error.strerror or error}; set DEEPMETRIC_DATA to a folder "
-                     f"you can write, or download it yourself and use --data {name}:PATH")
-
-
-@contextlib.contextmanager
-def _taking_turns(lock: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock`` (waiting, with a warning, while another process holds it); the file
-    is removed on the way out. A waiter that wakes on a file already removed opens the new one and waits again."""
-    while True:
-        try:
-            handle = open(lock, "a+b")  # noqa: SIM115 (held until the block ends)
-        except OSError as error:
-            raise _unwritable(name, lock.parent, error) from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("%s: another process is fetching it into %s; waiting for it to finish", name, lock.parent)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            current = os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            break
-        handle.close()
-    try:
-        yield
-    finally:
-        lock.unlink(missing_ok=True)
-        handle.close()
 
 
 def _fetch(name: str, archive: Archive, root: Path, progress: bool) -> Path:

@@ -37,7 +37,6 @@ from typing import Any
 from ..errors import DataError
 from ..folders import source_folder
 from ..io import file_sha256, fsync_dir, temporary_folder
-from .download import _taking_turns
 from .glyphs import data_home
 from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package
 from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors
@@ -45,6 +44,7 @@ from .icons_fetch import SOURCE_HOLDS, Fetcher, apt_get_download, fetch_debs, fi
 from .icons_render import Unreadable, render, renderer, renderer_version
 from .icons_themes import Drawing, package_drawings
 from .icons_unpack import extract, keep_licence, read_package
+from .turns import taking_turns
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 128
@@ -172,7 +172,7 @@ def build_icons(root: Path | None = None, source: str | Path | None = None, prog
     except OSError as error:
         raise DataError(f"icons: cannot write to {root.parent}: {error.strerror or error}; set DEEPMETRIC_DATA to a "
                         "folder you can write") from None
-    with _taking_turns(root.parent / f".{root.name}.lock", "icons"):
+    with taking_turns(root.parent / f".{root.name}.lock", "icons"):
         check_ours(root)  # again: it may have been made while this process waited
         if is_built(root, packages, size):
             return root
