@@ -41,7 +41,7 @@ def percentile(values: list[float], q: float) -> float:
 def make_run(folder: Path, size: int) -> Path:
     """A run directory holding the untrained (ImageNet-pretrained) lite0 + GAP model as its last checkpoint."""
     from deepmetric.config import build_config, save_config
-    from deepmetric.io import prefixed
+    from deepmetric.io.tensors import prefixed
     from deepmetric.models import create_model
     from deepmetric.runs.checkpoint import save_checkpoint
     from deepmetric.runs.folder import RunDir

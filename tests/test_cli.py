@@ -263,7 +263,7 @@ def test_machine_readable_output_is_strict_json_with_null_for_an_undefined_metri
         strict_json((out_dir / name).read_text())
     for line in (out_dir / "metrics.jsonl").read_text().splitlines():
         strict_json(line)
-    from deepmetric.io import to_json
+    from deepmetric.io.strict import to_json
 
     assert strict_json(to_json({"a": float("nan"), "b": [float("inf"), 1.5]})) == {"a": None, "b": [None, 1.5]}
 

@@ -11,7 +11,7 @@ import yaml
 
 from deepmetric.config import build_config, load_yaml, parse_override
 from deepmetric.errors import CheckpointError, ConfigError
-from deepmetric.io import atomic_write_bytes
+from deepmetric.io.files import atomic_write_bytes
 from deepmetric.runs.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -220,7 +220,7 @@ def test_atomic_writes_give_the_mode_a_plain_open_gives(tmp_path):
     import os
     import stat
 
-    from deepmetric.io import atomic_write_text
+    from deepmetric.io.files import atomic_write_text
 
     previous = os.umask(0o022)
     try:

@@ -8,7 +8,7 @@ import pytest
 from deepmetric.cli import main
 from deepmetric.config import load_yaml, parse_override
 from deepmetric.errors import ConfigError
-from deepmetric.io import MAX_YAML_NODES, expanded_size
+from deepmetric.io.strict import MAX_YAML_NODES, expanded_size
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))

@@ -256,7 +256,7 @@ def test_cli_trains_with_horde_and_evaluates_every_order(tmp_path, capsys, monke
     from deepmetric.cli import main
     from deepmetric.evaluation import EmbedSettings, embed_table
     from deepmetric.evaluation.auxiliary import embed_with_objective
-    from deepmetric.io import unprefixed
+    from deepmetric.io.tensors import unprefixed
     from deepmetric.runs.checkpoint import load_checkpoint
     from deepmetric.runs.folder import RunDir
     from deepmetric.runs.model import load_run_model

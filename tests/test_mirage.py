@@ -13,7 +13,7 @@ from deepmetric.config import build_config
 from deepmetric.errors import ConfigError
 from deepmetric.generators import MirageGenerator, build_generator
 from deepmetric.generators.mirage import reconstruction_loss
-from deepmetric.io import unprefixed
+from deepmetric.io.tensors import unprefixed
 from deepmetric.losses import build_objective
 from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.training import train

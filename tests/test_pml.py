@@ -13,7 +13,7 @@ from pytorch_metric_learning import miners as pml_miners
 
 from deepmetric.config import LossConfig, TrainConfig, build_config
 from deepmetric.errors import ConfigError
-from deepmetric.io import unprefixed
+from deepmetric.io.tensors import unprefixed
 from deepmetric.losses import PMLLoss, build_loss, build_objective
 from deepmetric.models import create_model
 from deepmetric.models.heads import HeadOutput

@@ -18,7 +18,7 @@ from PIL import Image
 
 from deepmetric.data.audit import audit_table, check_table, image_problem
 from deepmetric.errors import CheckpointError, DataError
-from deepmetric.io import unprefixed
+from deepmetric.io.tensors import unprefixed
 from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.runs.folder import RunDir
 from deepmetric.training import train

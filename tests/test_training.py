@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepmetric.io import unprefixed
+from deepmetric.io.tensors import unprefixed
 from deepmetric.losses import LOSSES
 from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.runs.folder import RunDir
@@ -436,7 +436,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_error_and_the_old_checkpoint_sur
 
 
 def test_embed_checks_that_it_can_write_before_it_embeds(tmp_path, monkeypatch):
-    import deepmetric.io as io
+    import deepmetric.io.files as io_files
     import deepmetric.workflows as workflows
     from deepmetric.errors import WriteError
 
@@ -451,7 +451,7 @@ def test_embed_checks_that_it_can_write_before_it_embeds(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(io.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(io_files.tempfile, "mkstemp", read_only)
     monkeypatch.setattr(workflows, "embed_table", lambda *a, **k: pytest.fail("embedded before checking the output"))
     with pytest.raises(WriteError, match="cannot write .*out/e.npy: Permission denied"):
         workflows.embed_images(run.path, images, tmp_path / "out" / "e.npy", progress=False)

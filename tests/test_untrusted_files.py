@@ -11,7 +11,7 @@ import pytest
 
 from deepmetric.cli import main
 from deepmetric.errors import DeepMetricError
-from deepmetric.io import MAX_NESTING, MalformedFile, load_json, load_yaml
+from deepmetric.io.strict import MAX_NESTING, MalformedFile, load_json, load_yaml
 from deepmetric.runs.folder import RunDir
 
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -47,7 +47,8 @@ from torch import nn
 from .data.images import RGB_CONVERSION
 from .data.resizing import test_resize_plan
 from .errors import DeepMetricError
-from .io import atomic_path, check_writable, refuse_folder, to_json
+from .io.files import atomic_path, check_writable, refuse_folder
+from .io.strict import to_json
 from .models import Embedder
 from .provenance import software
 from .runs.checkpoint import checkpoint_state

@@ -24,15 +24,9 @@ from .evaluation.evaluator import split_metrics_per_query
 from .evaluation.per_query import per_query_path, save_per_query, table_identity
 from .evaluation.rerank import Rerank
 from .evaluation.table import format_table
-from .io import (
-    atomic_write_bytes,
-    atomic_write_text,
-    check_writable,
-    read_json_object,
-    refuse_folder,
-    to_json,
-    unprefixed,
-)
+from .io.files import atomic_write_bytes, atomic_write_text, check_writable, refuse_folder
+from .io.strict import read_json_object, to_json
+from .io.tensors import unprefixed
 from .provenance import evaluation_environment
 from .runs.checkpoint import checkpoint_state
 from .runs.folder import RunDir

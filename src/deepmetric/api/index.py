@@ -17,7 +17,7 @@ from ..data.image_inputs import ImageInput, image_items, is_vectors, unit_rows
 from ..data.listing import folder_holding
 from ..errors import DataError, IndexStoreError
 from ..evaluation.rerank import Rerank, as_rerank
-from ..io import check_writable
+from ..io.files import check_writable
 from ..retrieval import faiss_index
 from ..retrieval.build import check_same_model, gallery_files, model_record, relative_item
 from ..retrieval.manifest import IndexManifest

@@ -14,7 +14,7 @@ import numpy as np
 from ..config import build_config, load_yaml, merge_layers, parse_override
 from ..config.validate import SELECT_BY
 from ..errors import ConfigError, DeepMetricError, MissingDataPath
-from ..io import to_json
+from ..io.strict import to_json
 
 MAX_RANK = 1_000_000  # the largest K of Recall@K a command accepts
 

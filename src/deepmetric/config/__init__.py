@@ -51,6 +51,6 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 
 
 def save_config(config: RunConfig, path: str | Path) -> None:
-    from ..io import atomic_write_text
+    from ..io.files import atomic_write_text
 
     atomic_write_text(Path(path), yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..io import MalformedFile, NotParsable
-from ..io import load_yaml as load_yaml_text
+from ..io.strict import MalformedFile, NotParsable
+from ..io.strict import load_yaml as load_yaml_text
 from ..presets import resolve as resolve_preset
 from .sections import RunConfig
 
@@ -20,9 +20,9 @@ MAX_EXTENDS = 32
 
 
 def read_yaml(text: str, source: str) -> Any:
-    """``deepmetric.io.load_yaml`` of ``text`` (named ``source`` in messages): a ``ConfigError`` for invalid YAML, a
-    key repeated in one mapping, nesting deeper than ``MAX_NESTING``, or more than ``MAX_YAML_NODES`` values once its
-    aliases are expanded."""
+    """``deepmetric.io.strict.load_yaml`` of ``text`` (named ``source`` in messages): a ``ConfigError`` for invalid
+    YAML, a key repeated in one mapping, nesting deeper than ``MAX_NESTING``, or more than ``MAX_YAML_NODES`` values
+    once its aliases are expanded."""
     try:
         return load_yaml_text(text)
     except MalformedFile as error:

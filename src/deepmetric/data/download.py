@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from ..errors import DataError
-from ..io import fsync_dir, temporary_folder
+from ..io.files import fsync_dir, temporary_folder
 from .glyphs import data_home
 from .turns import taking_turns, unwritable
 

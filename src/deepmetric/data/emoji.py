@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..folders import source_folder
-from ..io import fsync_dir, temporary_folder
+from ..io.files import fsync_dir, temporary_folder
 from .emoji_catalogue import VENDORS, EmojiClass, emoji_classes, kind_of, read_catalogue, training_bases
 from .glyphs import data_home
 from .registry import register_dataset

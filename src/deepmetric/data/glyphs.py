@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..io import temporary_folder
+from ..io.files import temporary_folder
 from .registry import register_dataset
 from .table import RetrievalTable
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import DataError
 from ..folders import source_folder
-from ..io import file_sha256, fsync_dir, temporary_folder
+from ..io.files import file_sha256, fsync_dir, temporary_folder
 from .glyphs import data_home
 from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package
 from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors

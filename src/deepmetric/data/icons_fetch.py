@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import DataError
-from ..io import file_sha256
+from ..io.files import file_sha256
 from .icons_catalogue import Package
 
 SOURCE_HOLDS = "the icon themes' .deb files"

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..data.table import RetrievalTable
 from ..errors import DeepMetricError
-from ..io import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 from .metrics import NO_HIT, PerQuery
 
 ARRAYS = {"first_hit": "i", "average_precision": "f", "r_precision": "f", "relevant": "i"}

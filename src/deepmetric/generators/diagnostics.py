@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..io import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 from ..render import figure_png, project_2d
 
 

@@ -321,7 +321,7 @@ class MirageGenerator(Generator):
 
     # ----------------------------------------------------------------------------------------------- state
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from ..io import optimizer_to_flat, prefixed
+        from ..io.tensors import optimizer_to_flat, prefixed
 
         tensors = {**prefixed("module", self.state_dict()), "noise": self.noise.get_state()}
         meta: dict[str, Any] = {}
@@ -332,7 +332,7 @@ class MirageGenerator(Generator):
         return tensors, {"optimizers": meta}
 
     def load_checkpoint_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        from ..io import optimizer_from_flat, unprefixed
+        from ..io.tensors import optimizer_from_flat, unprefixed
 
         self.load_state_dict(unprefixed("module", tensors))
         self.noise.set_state(tensors["noise"])

@@ -26,7 +26,8 @@ from ..devices import resolve_device
 from ..errors import DeepMetricError
 from ..evaluation import EmbedSettings, embed_table
 from ..evaluation.table import metric_label, percent
-from ..io import atomic_write_text, check_writable, read_json_object, refuse_folder
+from ..io.files import atomic_write_text, check_writable, refuse_folder
+from ..io.strict import read_json_object
 from ..runs.folder import RunDir
 from ..runs.model import load_run_model
 from ..runs.table import load_table

@@ -20,7 +20,7 @@ from ..data.listing import (
 from ..devices import resolve_device
 from ..errors import IndexStoreError
 from ..evaluation import EmbedSettings, embed_table
-from ..io import check_writable, file_sha256
+from ..io.files import check_writable, file_sha256
 from ..runs.checkpoint import checkpoint_state
 from ..runs.folder import RunDir
 from ..runs.model import load_run_model

@@ -19,7 +19,7 @@ from ..data.images import read_image
 from ..data.transforms import TestTransform
 from ..errors import DeepMetricError, IndexStoreError
 from ..evaluation.rerank import Rerank, reranked_search
-from ..io import file_sha256
+from ..io.files import file_sha256
 from ..models import Embedder
 from ..progress import progress_bar
 from ..runs.folder import RunDir

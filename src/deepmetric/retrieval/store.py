@@ -35,15 +35,8 @@ from safetensors.numpy import save as save_safetensors
 
 from ..errors import IndexStoreError
 from ..folders import INDEX_MANIFEST, check_index_dir
-from ..io import (
-    MalformedFile,
-    atomic_write_bytes,
-    atomic_write_text,
-    fsync_dir,
-    load_json,
-    open_in_place,
-    temporary_folder,
-)
+from ..io.files import atomic_write_bytes, atomic_write_text, fsync_dir, open_in_place, temporary_folder
+from ..io.strict import MalformedFile, load_json
 from . import faiss_index
 from .manifest import FORMAT, IndexManifest, manifest_from_dict, resolved
 
@@ -160,7 +153,7 @@ def create_index(index_dir: str | Path, manifest: IndexManifest, embeddings: np.
 @contextmanager
 def locked(index_dir: str | Path) -> Iterator[None]:
     """Hold ``INDEX_DIR/.lock`` exclusively (one writer at a time); it is opened without following a symbolic link
-    (``deepmetric.io.open_in_place``: a link there is refused, naming it)."""
+    (``deepmetric.io.files.open_in_place``: a link there is refused, naming it)."""
     fd = open_in_place(Path(index_dir) / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, IndexStoreError)
     with os.fdopen(fd, "a") as handle:
         try:

@@ -3,7 +3,7 @@
 A checkpoint holds ``model.*`` tensors, and for ``last`` also ``optim.*`` (Adam's moments) and
 ``rng.*`` (torch's generator states); everything else (step, optimiser hyper-parameters, the model's
 architecture spec, best score) is JSON in the safetensors metadata. Nothing is pickled, so loading a
-checkpoint never executes code. Files are written through ``deepmetric.io.atomic_path`` (a temporary file
+checkpoint never executes code. Files are written through ``deepmetric.io.files.atomic_path`` (a temporary file
 in the same folder, fsynced and renamed over the old one), so a crash at any moment leaves either the old or
 the new checkpoint whole.
 """
@@ -19,7 +19,8 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import save_file as save_safetensors_file
 
 from ..errors import CheckpointError
-from ..io import MalformedFile, atomic_path, load_json, to_json
+from ..io.files import atomic_path
+from ..io.strict import MalformedFile, load_json, to_json
 from ..models.weights import file_start, is_pickled
 
 FORMAT = "deepmetric-checkpoint-1"

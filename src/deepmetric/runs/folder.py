@@ -29,17 +29,8 @@ from typing import Any
 from ..config import RunConfig, config_from_dict
 from ..errors import CheckpointError, DeepMetricError
 from ..folders import RUN_CONFIG, check_run_dir
-from ..io import (
-    TEMPORARY_PREFIX,
-    TEMPORARY_SUFFIX,
-    MalformedFile,
-    NotParsable,
-    atomic_write_text,
-    load_json,
-    load_yaml,
-    open_in_place,
-    to_json,
-)
+from ..io.files import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, atomic_write_text, open_in_place
+from ..io.strict import MalformedFile, NotParsable, load_json, load_yaml, to_json
 from . import lock
 
 log = logging.getLogger("deepmetric")
@@ -224,7 +215,7 @@ class RunDir:
             file.unlink(missing_ok=True)
 
     def remove_stale_temporaries(self) -> None:
-        """Remove the temporary files that a killed write left in the run folder (``deepmetric.io``'s
+        """Remove the temporary files that a killed write left in the run folder (``deepmetric.io.files``'
         ``.<name>.<random>.tmp``, safetensors' ``.tmp<random>``): each kill during a checkpoint left one."""
         stale = [f for folder in (self.path, self.path / "checkpoints") if folder.is_dir() for f in folder.iterdir()
                  if f.is_file() and f.name.startswith(TEMPORARY_PREFIX)
@@ -278,7 +269,7 @@ class RunDir:
 
     def append_log(self, record: dict[str, Any]) -> None:
         """Append one JSON line to ``metrics.jsonl``, written in place: a symbolic link there is refused, not
-        followed (``deepmetric.io.open_in_place``)."""
+        followed (``deepmetric.io.files.open_in_place``)."""
         fd = open_in_place(self.metrics_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(to_json(record) + "\n")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DeepMetricError, RunInUse
-from ..io import open_in_place
+from ..io.files import open_in_place
 
 _HELD_HERE: set[str] = set()
 """Run folders this process holds through ``holding`` (real paths): a claim on one of them nests, where flock

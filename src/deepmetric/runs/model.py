@@ -11,7 +11,7 @@ import torch
 from ..config import RunConfig
 from ..config.validate import model_spec_config
 from ..errors import CheckpointError, DeepMetricError
-from ..io import unprefixed
+from ..io.tensors import unprefixed
 from ..models import Embedder
 from ..models.embedder import build_plan, plan_model
 from .checkpoint import load_checkpoint

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import DeepMetricError
 from ..evaluation.table import metric_label
-from ..io import atomic_write_bytes, atomic_write_text
+from ..io.files import atomic_write_bytes, atomic_write_text
 from .collect import FolderOf, per_query_files
 from .comparison import STATISTICS_FIELDS, comparison, comparisons, statistics_rows
 from .cost import training_cost

@@ -34,7 +34,7 @@ import yaml
 
 from ..errors import DeepMetricError
 from ..evaluation import per_query
-from ..io import (
+from ..io.files import (
     TEMPORARY_PREFIX,
     TEMPORARY_SUFFIX,
     atomic_write_bytes,

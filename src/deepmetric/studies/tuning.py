@@ -36,7 +36,8 @@ import numpy as np
 
 from ..config import build_config
 from ..errors import ConfigError, RunInUse, TrainingError
-from ..io import atomic_write_bytes, atomic_write_text, load_json
+from ..io.files import atomic_write_bytes, atomic_write_text
+from ..io.strict import load_json
 from ..runs.folder import RunDir
 from ..training import train
 from ..training.selection import selection_key

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..errors import ConfigError, DeepMetricError
 from ..evaluation.metrics import per_query_metrics
 from ..evaluation.per_query import FILE_OF, load_per_query
-from ..io import file_sha256
+from ..io.files import file_sha256
 from .aggregate import same_tables, stamp_of, tables
 from .collect import aggregate, aggregate_all_embeddings
 from .record import MANIFEST, RECORDED, problem, read_manifest, record_files, recorded

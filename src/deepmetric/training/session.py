@@ -20,7 +20,8 @@ from ..devices import resolve_device
 from ..distributed import DistContext
 from ..errors import DeepMetricError
 from ..generators import Generator, build_generator
-from ..io import atomic_write_text, load_json, to_json
+from ..io.files import atomic_write_text
+from ..io.strict import load_json, to_json
 from ..losses import Objective, build_objective, check_objective
 from ..models import Embedder
 from ..provenance import environment

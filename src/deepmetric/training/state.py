@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import DeepMetricError
-from ..io import optimizer_from_flat, optimizer_to_flat, prefixed, unprefixed
+from ..io.tensors import optimizer_from_flat, optimizer_to_flat, prefixed, unprefixed
 from ..runs.checkpoint import load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:

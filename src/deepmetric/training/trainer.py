@@ -36,7 +36,8 @@ from ..distributed import DistContext, context_from_env, gather_labels, gather_o
 from ..errors import TrainingInterrupted
 from ..evaluation import EmbedSettings, evaluate
 from ..generators import Generator
-from ..io import atomic_write_text, to_json
+from ..io.files import atomic_write_text
+from ..io.strict import to_json
 from ..models import Embedder
 from ..models.backbones import check_backbone_exists
 from ..progress import progress_bar

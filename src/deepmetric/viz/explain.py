@@ -28,7 +28,7 @@ from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..devices import resolve_device
 from ..errors import DataError, DeepMetricError
-from ..io import atomic_write_bytes
+from ..io.files import atomic_write_bytes
 from ..models import Embedder
 from ..models.heads import HEADS, head_class
 from ..progress import progress_bar
