@@ -1,7 +1,7 @@
 """``train.compile`` (issue 52 item 1): the training forward through ``torch.compile`` gives the eager run's losses,
 leaves checkpoints, resume and export as they were, and falls back to eager in one warning where compiling fails.
 The tests compile with the ``aot_eager`` backend (dynamo and AOTAutograd trace the same graphs as inductor, without
-the minutes of code generation a CPU needs); the GPU figures are in docs/benchmarks.md."""
+the minutes of code generation a CPU needs); the GPU figures are in docs/benchmarks/training-step.md."""
 
 from __future__ import annotations
 

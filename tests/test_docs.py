@@ -242,7 +242,7 @@ def test_the_pages_send_readers_to_nothing_a_clone_lacks():
     # ABE, DeML, DGML, DIABLO, HORDE
     for arxiv in ("1804.00382", "1907.11832", "2011.08877", "2004.14644", "1908.02735"):
         assert f"https://arxiv.org/abs/{arxiv}" in papers, arxiv
-    for page in (README, DOCS / "index.md", DOCS / "reproduce.md"):
+    for page in (README, DOCS / "index.md", DOCS / "reproduce" / "index.md"):
         assert "methods/index.md#the-papers" in page.read_text(encoding="utf-8"), page.name
 
 

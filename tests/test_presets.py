@@ -7,12 +7,13 @@ stepped again.
 
 Each preset also says which published table it reproduces, in its first lines, one line per table:
 
-    # Reproduces: PAPER (citation) Table N, row "ROW AS PRINTED IN docs/reproduce.md"[, columns, remarks]
+    # Reproduces: PAPER (citation) Table N, row "ROW AS PRINTED IN docs/reproduce/<paper>.md"[, columns, remarks]
     # Reproduces: no published table (why)
 
-PAPER is the first word of the docs/reproduce.md section that gives the table's figures (DIABLO, ABE, DGML, DeML,
-HORDE, MIRAGE); that section must name Table N and print the row. Every ``deepmetric train --config configs/...``
-and ``deepmetric study configs/...`` command in README.md, docs/ and the presets' comments names a file that exists.
+PAPER is the first word of the title of the docs/reproduce/ page that gives the table's figures (DIABLO, ABE, DGML,
+DeML, HORDE, MIRAGE: one page each); that page must name Table N and print the row. Every ``deepmetric train
+--config configs/...`` and ``deepmetric study configs/...`` command in README.md, docs/ and the presets' comments
+names a file that exists.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def test_every_study_run_builds_and_steps(study: Path):
 
 # --- Which table each preset reproduces, and the commands the documentation gives ---------------------------------
 
-REPRODUCE = ROOT / "docs" / "reproduce.md"
+REPRODUCE = ROOT / "docs" / "reproduce"  # index.md (the common setting), then one page per paper
 REPRODUCES = "# Reproduces: "
 ENTRY = re.compile(r'(?P<paper>DIABLO|ABE|DGML|DeML|HORDE|MIRAGE) \([^()]+\) Table (?P<table>\d+(?:\.\d+)?)'
                    r'(?:, row "(?P<row>[^"]+)")?(?:, .+)?')
@@ -130,12 +131,25 @@ def reproduces(preset: Path) -> list[str]:
     return entries
 
 
-def paper_sections(markdown: str) -> dict[str, str]:
-    """``## `` sections of a page by the first word of their heading, each up to the next ``## `` heading."""
+def paper_sections(folder: Path) -> dict[str, str]:
+    """The pages of a folder (its index.md aside) by the first word of their title (``# `` heading, the first line),
+    each whole."""
     sections: dict[str, str] = {}
-    for block in re.split(r"^## ", markdown, flags=re.M)[1:]:
-        sections.setdefault(block.split(maxsplit=1)[0], block)
+    for page in sorted(folder.glob("*.md")):
+        if page.name == "index.md":
+            continue
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith("# "), f"{page.relative_to(ROOT)} does not start with its title"
+        paper = text.removeprefix("# ").split(maxsplit=1)[0]
+        assert paper not in sections, f"two pages of {folder.relative_to(ROOT)} are headed '{paper}'"
+        sections[paper] = text
     return sections
+
+
+def test_every_paper_has_its_reproduce_page():
+    """docs/reproduce/ has the common setting (index.md) and one page per paper."""
+    assert (REPRODUCE / "index.md").exists()
+    assert set(paper_sections(REPRODUCE)) == {"DIABLO", "ABE", "DGML", "DeML", "HORDE", "MIRAGE"}
 
 
 def tables_named(text: str) -> set[str]:
@@ -162,22 +176,22 @@ def test_tables_named_reads_single_tables_lists_and_ranges():
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[str(p.relative_to(CONFIGS)) for p in PRESETS])
 def test_a_preset_names_the_table_it_reproduces(preset: Path):
-    """Its first lines say which table (and row) it reproduces, or that it reproduces none; docs/reproduce.md's
-    section for that paper names the table and prints the row."""
+    """Its first lines say which table (and row) it reproduces, or that it reproduces none; that paper's page of
+    docs/reproduce/ names the table and prints the row."""
     entries = reproduces(preset)
     assert entries, f"{preset.name} does not start with a '{REPRODUCES.strip()}' line"
     if any(NO_TABLE.fullmatch(entry) for entry in entries):
         assert len(entries) == 1, "'no published table' cannot stand beside a table"
         return
-    sections = paper_sections(REPRODUCE.read_text(encoding="utf-8"))
+    sections = paper_sections(REPRODUCE)
     for entry in entries:
         match = ENTRY.fullmatch(entry)
         assert match, f"'{entry}' is neither 'PAPER (citation) Table N, row \"ROW\"...' nor 'no published table (why)'"
         paper, table, row = match["paper"], match["table"], match["row"]
-        assert paper in sections, f"docs/reproduce.md has no '## {paper}' section"
+        assert paper in sections, f"docs/reproduce/ has no page headed '# {paper}'"
         section = sections[paper]
-        assert table in tables_named(section), f"docs/reproduce.md's {paper} section does not name Table {table}"
-        assert row is None or row in section, f"docs/reproduce.md's {paper} section does not print row '{row}'"
+        assert table in tables_named(section), f"docs/reproduce/'s {paper} page does not name Table {table}"
+        assert row is None or row in section, f"docs/reproduce/'s {paper} page does not print row '{row}'"
 
 
 def test_every_command_in_the_docs_names_a_file_that_exists():

@@ -166,7 +166,7 @@ class TrainConfig:
     a step whose gradients overflow is skipped and the scale lowered, the skipped steps counted in the log) or
     ``false`` (float32). Weights, optimiser and the objective (every loss and regulariser) stay float32. bf16 for GPUs
     with fast bfloat16 (A100, H100), fp16 for those without (V100, T4); neither is faster than float32 on CPU
-    (docs/benchmarks.md). fp16 does not combine with ``generator.name`` (``training.precision``)."""
+    (docs/benchmarks/training-step.md). fp16 does not combine with ``generator.name`` (``training.precision``)."""
     channels_last: bool = True
     """Run convolutions in channels-last (NHWC) layout: about 2x faster on CPU, same results up to float."""
     compile: bool = False

@@ -39,7 +39,7 @@ class ImageDataset(Dataset):
 CUDA_WORKERS = 12
 """Most DataLoader workers by default on a GPU: on an H200 with 16 CPUs, 12 workers with pinned batches fed the
 emoji GAP run at 224 px at 0.87 (float32) and 1.10 (bf16) of its rate on batches already on the GPU, 6 workers
-at 0.68 and 0.72, unpinned batches at 0.63 (docs/benchmarks.md, "The data path on a GPU")."""
+at 0.68 and 0.72, unpinned batches at 0.63 (docs/benchmarks/gpu.md, "3. The real data path")."""
 
 
 def loader_workers(num_workers: int | None, device: str | torch.device = "cpu") -> int:

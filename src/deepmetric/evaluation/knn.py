@@ -15,13 +15,13 @@ Four engines:
   ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes about 1.4 times its products alone;
 - ``numpy``: the same, with the block's product by numpy's BLAS (OpenBLAS in numpy's wheels). torch's CPU
   wheels multiply with MKL, which takes a slow path on CPUs not made by Intel: on an AMD EPYC, numpy's
-  product is twice as fast and the numpy engine's kNN takes 1.4 times the bare products (docs/benchmarks.md).
+  product is twice as fast and the numpy engine's kNN takes 1.4 times the bare products (docs/benchmarks/evaluation.md).
   ``auto`` picks numpy there and torch otherwise;
 - ``faiss`` (when installed): faiss' exact inner-product search proposes ``k + margin`` candidates, whose
   similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
   contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
   It is slower on CPU (2.3 to 3.1 times the bare products: the re-scoring gathers k rows of the gallery per
-  query) and kept for comparison (docs/benchmarks.md);
+  query) and kept for comparison (docs/benchmarks/evaluation.md);
 - ``cuda``: the torch engine on the current CUDA device: the gallery is copied there once, each block's
   products and top-k run there in full float32 (TF32 is switched off for the products, whatever the caller
   chose), and only the (b, k) results come back. ``auto`` picks it wherever torch sees a CUDA device.
@@ -59,7 +59,7 @@ def products_engine() -> str:
 
 
 def resolve_engine(engine: str) -> str:
-    if engine == "auto":  # the faiss engine is slower on CPU (docs/benchmarks.md, "Evaluation at SOP scale")
+    if engine == "auto":  # the faiss engine is slower on CPU (docs/benchmarks/evaluation.md)
         return "cuda" if torch.cuda.is_available() else products_engine()
     if engine not in KNN_ENGINES:
         raise DeepMetricError(f"kNN engine must be one of {', '.join(KNN_ENGINES)}, got '{engine}'")

@@ -27,11 +27,11 @@ MAX_ITEMS = 70_000
 """The most items an evaluation re-ranks by k-reciprocal encoding (the queries and the gallery together) or augments
 by DBA (the gallery) unless told otherwise (``max_items``; the command line's ``--rerank-max-items``). Their time
 grows as the square of the items, at 4 to 8 times the plain evaluation's (``benchmarks/rerank_cost.py``,
-docs/benchmarks.md, "Re-ranking"): every benchmark of the field fits (SOP's 60,502 the largest)."""
+docs/benchmarks/reranking.md): every benchmark of the field fits (SOP's 60,502 the largest)."""
 
 MAX_SEARCH_ITEMS = 20_000
 """The same bound for a search (``deepmetric search``, ``Index.search``), which relates the whole gallery again at
-every call before it re-ranks each query alone (docs/benchmarks.md, "Re-ranking")."""
+every call before it re-ranks each query alone (docs/benchmarks/reranking.md)."""
 
 QE_N = 10
 """Default neighbours of αQE and DBA: fast-reid's ``aqe`` default (``qe_k=10``), not taken from the paper, whose
@@ -153,7 +153,7 @@ def check_items(settings: Rerank, items: int, what: str, search: bool = False) -
         raise DeepMetricError(
             f"{settings.method} re-ranking relates every pair of the {items:,} {what}, more than its bound of "
             f"{bound:,}{' for a search' if search else ''}: its time grows as the square of the items "
-            "(docs/benchmarks.md, 'Re-ranking'); raise the bound with --rerank-max-items (max_items= in Python) if "
+            "(docs/benchmarks/reranking.md); raise the bound with --rerank-max-items (max_items= in Python) if "
             "you can wait")
 
 

@@ -74,9 +74,9 @@ WEIGHT_RENAMERS: dict[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.T
 WEIGHT_SOURCES: dict[str, str] = {
     "bn-inception": "the BN-Inception converted from Caffe that pretrainedmodels (Cadene) and TSN distribute as "
                     "bn_inception-*.pth (read with model.trust_pickle=true, or converted to .safetensors: "
-                    "docs/reproduce.md, HORDE section)",
+                    "docs/reproduce/horde.md)",
     "inception-v1": "Caffe's bvlc_googlenet converted to a .safetensors state dict of deepmetric's inception-v1 "
-                    "(docs/reproduce.md, the common setting)",
+                    "(docs/reproduce/index.md, the common setting)",
 }
 
 

@@ -11,7 +11,7 @@ autocast around it (bf16 or fp16); fp16's gradient scaler acts on the loss and t
 A model that cannot be compiled (an operation dynamo does not support, a backend that fails, no C++ compiler for
 inductor on a CPU) fails at its first call: the step is then taken eagerly, with one warning naming the reason,
 and every later step too. Compiling costs minutes on a CPU (Lite0's forward and backward: 343 s on 2 loaded cores)
-for a gain measured on GPUs only, so it is off unless asked for (``docs/benchmarks.md``).
+for a gain measured on GPUs only, so it is off unless asked for (``docs/benchmarks/training-step.md``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The B·N batch of pre-attention is fed to psi in chunks of at most ``tail_chunk`
 unchunked on GPU), each pooled at once. Every layer of psi acts per image (BatchNorm frozen: the default),
 so chunking changes no number; it keeps the working set of a CPU convolution in the regime where its time
 per image is lowest (GoogLeNet's time per image grows about 1.5x from batch 32 to 128 on 2 CPU cores, see
-docs/benchmarks.md) and bounds the memory of the unpooled maps. With BatchNorm in training mode psi runs
+docs/benchmarks/training-speed.md) and bounds the memory of the unpooled maps. With BatchNorm in training mode psi runs
 unchunked, so that its batch statistics stay those of the whole B·N batch.
 
 Attention maps have shape (B, N, c_A, h, w) with c_A = 1 (one weight per location, broadcast over the
