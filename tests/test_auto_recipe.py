@@ -65,6 +65,8 @@ def test_the_recipe_follows_the_data_and_its_choices_are_a_config_layer():
     assert small["data.samples_per_class"].value == 3 and small["data.classes_per_batch"].value == 20
     assert small["train.steps"].value == 100  # 20 passes over 60 images is fewer steps than the floor
     assert small["data.image_size"].value == 64
+    assert small["model.embedding_dim"].value == 0  # the gap head trains the backbone's pooled features
+    assert "model.embedding_dim" not in {c.key for c in auto_recipe(table_of([3] * 20), head="dgml")}
 
     big = {c.key: c for c in auto_recipe(table_of([8] * 60 + [2] * 40))}
     assert big["data.val_fraction"].value == pytest.approx(0.2)
@@ -92,6 +94,17 @@ def test_train_on_a_folder_without_a_config_says_each_choice_and_overrides_win(t
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["data"]["image_size"] == 64 and config["train"]["steps"] == 3 and config["train"]["patience"] == 5
     assert (tmp_path / "run" / "baseline-val.json").is_file()  # what the trained model is compared with
+
+
+def test_the_recipe_trains_the_pooled_features_of_the_gap_head_and_leaves_other_heads_their_dimension(tmp_path):
+    folder = write_folder(tmp_path / "images", classes=8, per_class=3)
+    common = ["--data", f"folder:{folder}", "--backbone", "tiny", "--steps", "1", "--no-test", "--quiet",
+              "model.pretrained=false", "train.device=cpu", "eval.baseline=false"]
+    assert main(["train", *common, "--out", str(tmp_path / "gap")]) == 0
+    assert main(["train", *common, "--out", str(tmp_path / "dgml"), "model.head=dgml", "model.split=stage3"]) == 0
+    dims = {name: yaml.safe_load((tmp_path / name / "config.yaml").read_text())["model"]["embedding_dim"]
+            for name in ("gap", "dgml")}
+    assert dims == {"gap": 0, "dgml": 512}
 
 
 def test_a_preset_or_a_named_data_set_gets_no_recipe(tmp_path, caplog):

@@ -117,7 +117,8 @@ def _auto_recipe(config: Any, layers: list[dict[str, Any]]) -> Any:
     from ..data import load_dataset
 
     d = config.data
-    choices = auto_recipe(load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, check_files=False))
+    choices = auto_recipe(load_dataset(d.spec, seed=d.seed, check_counts=d.check_counts, check_files=False),
+                          config.model.head)
     chosen = build_config(as_layer(choices), *layers)
     log.info("no --config: settings chosen from %s (docs/getting-started.md, 'Training on your own folder'):",
              config.data.spec)
