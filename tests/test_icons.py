@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from deepmetric.data import icons as icons_module
-from deepmetric.data import icons_build, icons_dedup, load_dataset
+from deepmetric.data import load_dataset
+from deepmetric.data.icons import build as icons_build
+from deepmetric.data.icons import dedup as icons_dedup
 from deepmetric.data.icons import load_icons
-from deepmetric.data.icons_catalogue import Package
+from deepmetric.data.icons import table as icons_table
+from deepmetric.data.icons.catalogue import Package
 from deepmetric.errors import DataError
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-deb") is None or shutil.which("rsvg-convert") is None,
@@ -302,7 +304,7 @@ def test_the_split_is_class_disjoint_by_the_hash_of_the_name_and_validation_is_s
         assert len(set(table.splits[table.labels == names.index(name)])) == 1
     source, packages = debs
     monkeypatch.setenv("DEEPMETRIC_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr(icons_module, "PACKAGES", packages)
+    monkeypatch.setattr(icons_table, "PACKAGES", packages)
     monkeypatch.setattr(icons_build, "apt_get_download", copier(source))  # build_icons' default fetcher
     first = load_dataset("icons", val_fraction=0.5, val_seed=3)
     again = load_dataset("icons", val_fraction=0.5, val_seed=3)

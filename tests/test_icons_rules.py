@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from deepmetric.data.icons_catalogue import (
+from deepmetric.data.icons.catalogue import (
     PACKAGES,
     IconFolder,
     Package,
@@ -21,7 +21,7 @@ from deepmetric.data.icons_catalogue import (
     training_names,
     vendor_themes,
 )
-from deepmetric.data.icons_dedup import (
+from deepmetric.data.icons.dedup import (
     NEAR_IDENTICAL,
     SHARED_NEAR,
     Candidate,
@@ -33,7 +33,7 @@ from deepmetric.data.icons_dedup import (
     sharing_vendors,
     signature,
 )
-from deepmetric.data.icons_themes import Tree, archive_path, read_index
+from deepmetric.data.icons.themes import Tree, archive_path, read_index
 
 BRIEF = ["adwaita-icon-theme", "gnome-icon-theme", "tango-icon-theme", "oxygen-icon-theme", "mate-icon-theme",
          "elementary-xfce-icon-theme", "faenza-icon-theme", "faba-icon-theme", "moka-icon-theme", "paper-icon-theme",

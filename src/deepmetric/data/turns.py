@@ -1,6 +1,6 @@
 """Two processes building the same data set at once (two trainings started together) take turns on a lock file beside
 its folder (``$DEEPMETRIC_DATA/.<name>.lock``): the second waits, saying so, and then finds the first one's build
-instead of building it again (``taking_turns``; ``download`` and ``icons_build`` use it)."""
+instead of building it again (``taking_turns``; ``download`` and ``build`` use it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Fetching the icon themes' ``.deb`` files (``apt-get download NAME=VERSION``), or finding them in a folder
 (``icons:PATH``), each checked against the SHA-256 the Debian archive publishes (pinned in
-``icons_catalogue.PACKAGES``)."""
+``catalogue.PACKAGES``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..errors import DataError
-from ..io.files import file_sha256
-from .icons_catalogue import Package
+from ...errors import DataError
+from ...io.files import file_sha256
+from .catalogue import Package
 
 SOURCE_HOLDS = "the icon themes' .deb files"
 """What ``icons:PATH`` is the folder of."""

@@ -1,27 +1,5 @@
-"""``icons``: the same freedesktop icon name (``printer``, ``user-trash``, ...) drawn by different artists' themes.
-
-A class is one icon name; its instances are the drawings of it by the themes of fourteen pinned Debian packages
-(``icons_catalogue.PACKAGES``), each theme a vendor. On first use the package client fetches the ``.deb`` files
-(``apt-get download NAME=VERSION`` in a temporary folder; each file's SHA-256 checked against the one the Debian
-archive publishes, pinned in the table), each package's file tree is read as ``dpkg-deb --fsys-tarfile`` streams it,
-nothing installed, the themes are read (``icons_themes``), and the files of every name that at least four vendors draw
-are written out of their packages and rendered at ``icons_build.IMAGE_SIZE`` (SVGs with librsvg: ``icons_render``),
-copies are removed (``icons_dedup``) and the rest written as PNGs to ``$DEEPMETRIC_DATA/icons/<vendor>/<name>.png`` with
-``images.csv`` (what each image is), ``duplicates.csv`` (what was left out and why), each package's ``copyright`` file
-and ``meta.json``. ``icons:PATH`` reads the fourteen ``.deb`` files from folder ``PATH`` instead (named as ``apt-get
-download`` names them), with no network; they are checked every time, and a build of the same versions already there
-is used rather than built again.
-
-The images are the themes' artwork, read locally for research and never redistributed by this project; each
-package's licence is its ``copyright`` file, kept in ``licences/`` (GPL, LGPL, CC BY and CC BY-SA; Tango's is in
-the public domain).
-
-The steps, one module each: ``icons_catalogue`` (the pinned packages and the split), ``icons_fetch`` (the ``.deb``
-files, fetched or found, and checked), ``icons_unpack`` (a package's file tree, streamed), ``icons_themes`` (which
-theme is a vendor and which file it draws for a name), ``icons_render`` (drawing one file), ``icons_dedup`` (the
-copies left out) and ``icons_build`` (rendering, deduplicating and writing the build atomically); this module reads
-the build as the data set's table.
-"""
+"""The ``icons`` data set's table: the build read as a ``RetrievalTable`` (``load_icons``), registered as
+``icons[:PATH]``; the package's ``__init__`` tells the whole build."""
 
 from __future__ import annotations
 
@@ -33,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
-from ..folders import source_folder
-from .glyphs import data_home
-from .icons_build import CATALOGUE, COLUMNS, build_icons, is_built, pinned
-from .icons_catalogue import ICON_NAME, PACKAGES, Package, training_names
-from .icons_fetch import SOURCE_HOLDS, Fetcher, find_deb
-from .registry import register_dataset
-from .table import RetrievalTable, check_counts
+from ...errors import DataError
+from ...folders import source_folder
+from ..glyphs import data_home
+from ..registry import register_dataset
+from ..table import RetrievalTable, check_counts
+from .build import CATALOGUE, COLUMNS, build_icons, is_built, pinned
+from .catalogue import ICON_NAME, PACKAGES, Package, training_names
+from .fetch import SOURCE_HOLDS, Fetcher, find_deb
 
 RECALL_AT = (1, 2, 4, 8)
 PUBLISHED = {"train": 1714, "test": 1735}

@@ -9,7 +9,7 @@ size": Sodipodi-era ``width="72pt"`` without a ``viewBox``), of which librsvg dr
 about one SVG in ten (its worst tenth differ from librsvg by more than 20 of 255 a pixel, and it failed on 2 of the
 150). The build runs one ``rsvg-convert`` per core.
 
-PNG and XPM icons are taken as they are (the largest size the theme has: ``icons_catalogue.rank``) and scaled to
+PNG and XPM icons are taken as they are (the largest size the theme has: ``catalogue.rank``) and scaled to
 the stored size with Lanczos filtering on premultiplied alpha (no dark fringes). A drawing that is not square is
 centred on a transparent square. The result keeps its transparency; training composites it on white
 (``images.to_rgb``), as for emoji.
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import DataError
+from ...errors import DataError
 
 if TYPE_CHECKING:
     import PIL.Image

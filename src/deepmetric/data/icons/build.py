@@ -1,5 +1,5 @@
 """Building the ``icons`` folder: the drawings of every name that at least ``MIN_VENDORS`` vendors draw are written
-out of their packages, rendered at ``IMAGE_SIZE``, deduplicated (``icons_dedup``) and written as
+out of their packages, rendered at ``IMAGE_SIZE``, deduplicated (``dedup``) and written as
 ``<vendor>/<name>.png`` with ``images.csv``, ``duplicates.csv``, the packages' licences and ``meta.json``
 (``build_icons``).
 
@@ -34,17 +34,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..folders import source_folder
-from ..io.files import file_sha256, fsync_dir, temporary_folder
-from .glyphs import data_home
-from .icons_catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package
-from .icons_dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors
-from .icons_fetch import SOURCE_HOLDS, Fetcher, apt_get_download, fetch_debs, find_deb
-from .icons_render import Unreadable, render, renderer, renderer_version
-from .icons_themes import Drawing, package_drawings
-from .icons_unpack import extract, keep_licence, read_package
-from .turns import taking_turns
+from ...errors import DataError
+from ...folders import source_folder
+from ...io.files import file_sha256, fsync_dir, temporary_folder
+from ..glyphs import data_home
+from ..turns import taking_turns
+from .catalogue import ICON_NAME, MIN_VENDORS, PACKAGES, Package
+from .dedup import NEAR_IDENTICAL, SHARED_NEAR, SHARING, Candidate, Dropped, Look, look, select, sharing_vendors
+from .fetch import SOURCE_HOLDS, Fetcher, apt_get_download, fetch_debs, find_deb
+from .render import Unreadable, render, renderer, renderer_version
+from .themes import Drawing, package_drawings
+from .unpack import extract, keep_licence, read_package
 
 FORMAT_VERSION = 1
 IMAGE_SIZE = 128
@@ -68,7 +68,7 @@ def _render_all(files: Sequence[tuple[str, Path, str]], folder: Path, size: int,
     and, for the files that could not be drawn, why."""
     from PIL import Image
 
-    from ..progress import progress_bar
+    from ...progress import progress_bar
 
     def one(item: tuple[int, tuple[str, Path, str]]) -> tuple[str, Look | None, str, str]:
         index, (key, file, kind) = item
@@ -122,7 +122,7 @@ def pinned(packages: Mapping[str, Package]) -> dict[str, str]:
 
 
 def _order(drawing: Drawing, package_index: int) -> tuple:
-    """Which of two copies is kept (``icons_dedup.select``): a name's own file before an alias, then the drawing made
+    """Which of two copies is kept (``dedup.select``): a name's own file before an alias, then the drawing made
     nearer the stored size (GNOME's 256-px drawing before Adwaita's legacy 48-px one), then the package order."""
     return drawing.alias, drawing.rank[:2], package_index, drawing.vendor, drawing.name
 
@@ -184,7 +184,7 @@ def build_icons(root: Path | None = None, source: str | Path | None = None, prog
 
 def _read_packages(packages: Mapping[str, Package], debs: Mapping[str, Path], tmp: Path,
                    size: int) -> tuple[dict[str, dict[str, Drawing]], dict[str, str]]:
-    """Every vendor's drawing of every name (``icons_themes``), and each vendor's package; the licences into
+    """Every vendor's drawing of every name (``themes``), and each vendor's package; the licences into
     ``tmp``."""
     drawings: dict[str, dict[str, Drawing]] = {}
     vendor_package: dict[str, str] = {}

@@ -2,11 +2,11 @@
 
 A package is read from its file tree as ``dpkg-deb --fsys-tarfile`` streams it (``Tree.from_tar``): every path, what
 it is (file, folder, symbolic or hard link) and the few small text files the protocol reads (``index.theme``,
-``copyright``); only the files chosen to be drawn are written out afterwards (``icons_unpack.extract``). Links are
+``copyright``); only the files chosen to be drawn are written out afterwards (``unpack.extract``). Links are
 followed inside the package only: an absolute target is taken from the package's root (``/usr/share/icons/x`` is the
 package's ``usr/share/icons/x``), and a link that leaves the package, loops or leads nowhere (a file of another
 package) is no icon. The rules (which themes are vendors, which files are icons, which file of a name is drawn) are
-``icons_catalogue``'s.
+``catalogue``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import IO, TypeGuard
 
-from .icons_catalogue import (
+from .catalogue import (
     EXTENSIONS,
     ICON_NAME,
     IconFolder,

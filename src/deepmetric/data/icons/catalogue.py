@@ -16,13 +16,13 @@
   down, the smallest first), then scalable ones drawn for smaller sizes (``scalable-up-to-32``: an SVG scales
   without loss, but its drawing is simplified for small sizes), then smaller bitmaps (scaled up, the largest first).
 - A **class** is an icon name that at least ``MIN_VENDORS`` (4) vendors draw once copies are removed
-  (``icons_dedup``); its instances are the vendors' drawings.
+  (``dedup``); its instances are the vendors' drawings.
 - The split is class-disjoint, half/half and fixed, as emoji's: names sorted by the SHA-256 of the name, the first
   ceil(n/2) train and the rest test (``training_names``); ``data.val_fraction`` carves a seeded validation split out
   of the training names (``data.val_seed``), as for every data set.
 
-Fetching the packages: ``icons_fetch.py``; unpacking them: ``icons_unpack.py``; reading a theme: ``icons_themes.py``;
-rendering, deduplicating and writing the build: ``icons_build.py``; reading it as a table: ``icons.py``.
+Fetching the packages: ``fetch.py``; unpacking them: ``unpack.py``; reading a theme: ``themes.py``;
+rendering, deduplicating and writing the build: ``build.py``; reading it as a table: ``table.py``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from ..errors import DataError
-from .icons_catalogue import Package
-from .icons_themes import Tree, archive_path, wanted_text
+from ...errors import DataError
+from .catalogue import Package
+from .themes import Tree, archive_path, wanted_text
 
 
 @contextlib.contextmanager
@@ -54,7 +54,7 @@ def _file_tree(deb: Path) -> Iterator[IO[bytes]]:
 
 
 def read_package(deb: Path) -> Tree:
-    """The package's file tree (``icons_themes.Tree``), with its themes' ``index.theme`` and its ``copyright``;
+    """The package's file tree (``themes.Tree``), with its themes' ``index.theme`` and its ``copyright``;
     nothing is installed or written."""
     with _file_tree(deb) as stream:
         return Tree.from_tar(stream, wanted_text)
