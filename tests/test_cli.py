@@ -411,7 +411,7 @@ def test_a_run_name_never_leaves_runs_and_a_failed_start_removes_only_what_it_ma
     characters; the clean-up removes only the folders this start created."""
     from types import SimpleNamespace
 
-    from deepmetric.cli.commands import default_run_name
+    from deepmetric.cli.train_command import default_run_name
     from deepmetric.runs.folder import RunDir
 
     work = tmp_path / "a" / "b" / "c"

@@ -9,7 +9,7 @@ from .. import __version__
 from ..evaluation.engines import KNN_ENGINES
 from ..evaluation.rerank import MAX_ITEMS, MAX_SEARCH_ITEMS, QE_N, RERANK_METHODS
 from ..runs.folder import CHECKPOINTS
-from . import commands
+from . import commands, train_command
 
 
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Any:
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=POSITIVE_INT, default=1,
                    help="train with N local processes on torch.distributed (gloo on CPU, NCCL on GPU)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
-    p.set_defaults(func=commands.cmd_train)
+    p.set_defaults(func=train_command.cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a run on its test split; writes RUN_DIR/metrics.json")
     p.add_argument("run_dir")
