@@ -147,7 +147,8 @@ def auto_recipe(table: RetrievalTable, head: str = "gap") -> list[Choice]:
                               "from the untrained backbone's embedding (a new 512-d layer would start from a random "
                               "projection, which a small folder's training does not make up for)"))
     choices += [
-        Choice("train.lr", LR, "the new layers' rate of the emoji and glyphs presets"),
+        Choice("train.lr", LR, "the new layers' rate of the emoji and glyphs presets" + (
+            " (the pooled features have none: only the backbone's rate moves them)" if head == "gap" else "")),
         Choice("train.lr_backbone", LR_BACKBONE, "the pretrained backbone's rate of those presets"),
         Choice("model.freeze_bn", True, "a small batch's statistics would replace ImageNet's"),
         Choice("data.resize_range", [1.0, 1.3], "the crop keeps the whole object"),
