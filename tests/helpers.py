@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import torch
 
@@ -112,3 +116,12 @@ def assert_trained_metrics_are_evaluates(run_dir, capsys) -> dict:
     assert main(["evaluate", str(run_dir), "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out) == record
     return record
+
+
+def load_tool(name: str) -> ModuleType:
+    """The script ``tools/<name>.py`` as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,8 +1,6 @@
 """tools/pooled_layers.py: the untrained pooled features of every layer in one pass, as the run's own baseline
 computes them at the last layer."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,19 +8,11 @@ import torch
 from deepmetric.errors import ConfigError
 from deepmetric.models import create_model
 from deepmetric.models.backbones import create_backbone
-
-TOOL = Path(__file__).parents[1] / "tools" / "pooled_layers.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("pooled_layers", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_tool
 
 
 def test_the_last_layer_pools_as_the_untrained_baseline_and_an_inner_layer_stops_there():
-    tool = load_tool()
+    tool = load_tool("pooled_layers")
     images = torch.rand(3, 3, 32, 32)
     torch.manual_seed(0)
     model = tool.pooled_layers_model(create_backbone("tiny", pretrained=False), ["stage2", "stage3"])
@@ -40,4 +30,4 @@ def test_the_last_layer_pools_as_the_untrained_baseline_and_an_inner_layer_stops
 
 def test_an_unknown_layer_is_named_with_the_nearest_one():
     with pytest.raises(ConfigError, match="no layer 'stage9' \\(did you mean 'stage3'\\?\\)"):
-        load_tool().pooled_layers_model(create_backbone("tiny", pretrained=False), ["stage9"])
+        load_tool("pooled_layers").pooled_layers_model(create_backbone("tiny", pretrained=False), ["stage9"])

@@ -1,6 +1,5 @@
 """tools/xbm_study.py --seeds: the replicate commands, the record shared by one process per data set, the table."""
 
-import importlib.util
 import json
 import multiprocessing
 import sys
@@ -8,18 +7,11 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).parents[1] / "tools" / "xbm_study.py"
-
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("xbm_study", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_tool
 
 
 def test_a_replicate_is_the_seed_0_command_with_train_seed_added():
-    tool = load_tool()
+    tool = load_tool("xbm_study")
     for data in ("emoji", "icons"):
         for size in (0, 1024):
             base = tool.command(data, size, Path("runs/xbm/x"))
@@ -31,7 +23,7 @@ def test_a_replicate_is_the_seed_0_command_with_train_seed_added():
 
 
 def _update_many(record: str, data: str, count: int) -> None:
-    tool = load_tool()
+    tool = load_tool("xbm_study")
     for i in range(count):
         tool.update_record(Path(record), lambda r, i=i: r[data].setdefault("seeds", {}).__setitem__(str(i), i))
 
@@ -53,7 +45,7 @@ def test_two_processes_keep_each_others_data_set_entries(tmp_path):
 
 
 def test_the_table_pairs_each_seed_and_refuses_a_record_without_a_chosen_size(tmp_path, monkeypatch):
-    tool = load_tool()
+    tool = load_tool("xbm_study")
 
     def test(r1, map_r):
         return {"recall@1": r1, "map@r": map_r}

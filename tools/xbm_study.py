@@ -30,13 +30,14 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from deepmetric.io.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo-emoji.yaml"
@@ -80,25 +81,32 @@ def train(data: str, size: int, out: Path, seed: int | None = None) -> dict:
             "val": best["metrics"], "key": best["key"]}
 
 
-def evaluate(out: Path) -> dict:
-    """``deepmetric evaluate RUN``: the test split, once, with the run's best validation checkpoint."""
+def test_figures(out: Path) -> dict:
+    """The run's test figures: its ``metrics.json`` when evaluated already, else ``deepmetric evaluate RUN`` (the test
+    split, once, with the run's best validation checkpoint)."""
+    done = out / "metrics.json"
+    if done.is_file():
+        return json.loads(done.read_text())["metrics"]
     from deepmetric.workflows import evaluate_run
 
     return evaluate_run(out, progress=False)["metrics"]
+
+
+def run_folder(size: int) -> str:
+    """The folder name of the run with a memory of ``size`` rows (0: none)."""
+    return f"memory-{size}" if size else "none"
 
 
 def update_record(path: Path, change) -> dict:
     """Re-read the record, apply ``change(record)`` and write it back, under an exclusive lock on ``PATH.lock``.
 
     Each process changes only its own data set's entries, on the record as it is on disk at that moment, so two
-    processes (one per data set) keep each other's entries; the write is atomic (a temporary file renamed)."""
+    processes (one per data set) keep each other's entries; the write is atomic."""
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = json.loads(path.read_text()) if path.is_file() else {}
         change(record)
-        temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(temporary, path)
+        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
         return record
 
 
@@ -117,15 +125,11 @@ def sweep(data: str, out_root: Path, record_path: Path) -> None:
     """Seed 0: the run without a memory and both sizes, the size chosen on validation, the two test evaluations."""
     runs = {}
     for size in [0, *DATA[data]["sizes"]]:
-        out = out_root / data / (f"memory-{size}" if size else "none")
+        out = out_root / data / run_folder(size)
         runs[size] = train(data, size, out)
         runs[size]["out"] = str(out)
     chosen = max(DATA[data]["sizes"], key=lambda s: runs[s]["key"])  # on validation only
-    tests = {}
-    for size in (0, chosen):
-        out = Path(runs[size]["out"])
-        done = out / "metrics.json"
-        tests[size] = json.loads(done.read_text())["metrics"] if done.is_file() else evaluate(out)
+    tests = {size: test_figures(Path(runs[size]["out"])) for size in (0, chosen)}
 
     def change(record: dict) -> None:
         entry = {"warmup_steps": WARMUP, "steps": STEPS, "runs": {str(k): v for k, v in runs.items()},
@@ -146,15 +150,12 @@ def sweep(data: str, out_root: Path, record_path: Path) -> None:
 
 def replicate(data: str, seed: int, chosen: int, out_root: Path, record_path: Path) -> None:
     """One more seed: the run without a memory and with the chosen size, trained, then the test split of each."""
-    runs, tests = {}, {}
+    runs = {}
     for size in (0, chosen):
-        out = out_root / data / f"seed-{seed}" / (f"memory-{size}" if size else "none")
+        out = out_root / data / f"seed-{seed}" / run_folder(size)
         runs[size] = train(data, size, out, seed)
         runs[size]["out"] = str(out)
-    for size in (0, chosen):
-        out = Path(runs[size]["out"])
-        done = out / "metrics.json"
-        tests[size] = json.loads(done.read_text())["metrics"] if done.is_file() else evaluate(out)
+    tests = {size: test_figures(Path(runs[size]["out"])) for size in (0, chosen)}
 
     def change(record: dict) -> None:
         record[data].setdefault("seeds", {})[str(seed)] = {"runs": {str(k): v for k, v in runs.items()},

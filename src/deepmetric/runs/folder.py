@@ -131,27 +131,29 @@ class RunDir:
     def add_session(self, record: dict[str, Any]) -> None:
         """Append a training session's record (``deepmetric.provenance.environment``) to ``environment.json``; a
         damaged file is kept beside it as ``environment.json.damaged`` and a new one started."""
-        sessions = self.sessions()
-        if self.environment.is_file() and not sessions and self._damaged_sessions():
+        sessions = self._recorded_sessions()
+        if sessions is None:
             self.environment.replace(self.environment.with_name("environment.json.damaged"))
-        atomic_write_text(self.environment, to_json({"sessions": [*sessions, record]}, indent=2))
+        atomic_write_text(self.environment, to_json({"sessions": [*(sessions or []), record]}, indent=2))
 
-    def _damaged_sessions(self) -> bool:
+    def _recorded_sessions(self) -> list[dict[str, Any]] | None:
+        """The sessions ``environment.json`` holds ([] without the file), or None when it is damaged (not the JSON
+        deepmetric writes), which a warning says; the file is read once."""
+        if not self.environment.is_file():
+            return []
         try:
             sessions = load_json(self.environment.read_bytes())["sessions"]
-            return not isinstance(sessions, list)
         except (ValueError, KeyError, TypeError, RecursionError):
-            return True
+            sessions = None
+        if isinstance(sessions, list):
+            return sessions
+        log.warning("%s is damaged (not the JSON deepmetric writes); its sessions are not read", self.environment)
+        return None
 
     def sessions(self) -> list[dict[str, Any]]:
         """The training sessions recorded so far (none for runs trained before sessions were recorded, or when
         the file is damaged, which a warning says)."""
-        if not self.environment.is_file():
-            return []
-        if self._damaged_sessions():
-            log.warning("%s is damaged (not the JSON deepmetric writes); its sessions are not read", self.environment)
-            return []
-        return load_json(self.environment.read_bytes())["sessions"]
+        return self._recorded_sessions() or []
 
     @property
     def baseline(self) -> Path:
