@@ -1,5 +1,5 @@
-"""What every benchmark script records beside its figures, how it writes them, and shared timers (which wait for
-the GPU's queued work when they time a CUDA device: its kernels run asynchronously)."""
+"""What every benchmark script records beside its figures, how it writes them, shared timers (which wait for
+the GPU's queued work when they time a CUDA device: its kernels run asynchronously) and the FLOP counter."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from deepmetric.provenance import environment as provenance
 
@@ -34,6 +35,14 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     fn()
     synchronize(device)
     return time.perf_counter() - start
+
+
+def forward_macs(model: torch.nn.Module, images: torch.Tensor) -> float:
+    """Multiply-adds of one forward pass of ``model`` (in the mode it is in) per image of ``images``, counted by
+    ``torch.utils.flop_counter``: convolutions, matrix products and einsums; element-wise work is not counted."""
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images)
+    return counter.get_total_flops() / 2 / images.shape[0]
 
 
 def write_result(out: str | Path, result: dict[str, Any]) -> None:

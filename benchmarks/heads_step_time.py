@@ -22,8 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from _results import environment, timed, write_result
-from torch.utils.flop_counter import FlopCounterMode
+from _results import environment, forward_macs, timed, write_result
 
 from deepmetric import create_model
 
@@ -34,13 +33,6 @@ MODELS = {
     "deml 3 scales x 3 branches": {"head": "deml", "num_scales": 3, "num_branches": 3},
 }
 PAPER_GMACS = {"gap (1-head)": 1.58, "abe-8": 7.46}
-
-
-def forward_macs(model: torch.nn.Module, images: torch.Tensor) -> float:
-    """Multiply-adds of one forward pass per image."""
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(images)
-    return counter.get_total_flops() / 2 / images.shape[0]
 
 
 def step(model: torch.nn.Module, images: torch.Tensor, amp: bool) -> None:
