@@ -151,10 +151,10 @@ def _rank(rank: int, world: int, port: int, root: str) -> None:
     from deepmetric.errors import DeepMetricError
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK="0")  # as on two machines of one process each: each is process 0 of its machine
     torch.set_num_threads(1)
     context = context_from_env()
-    seen: dict[str, object] = {}
+    seen: dict[str, object] = {"context": [context.rank, context.local_rank]}  # a GPU is cuda:LOCAL_RANK
 
     def attempt(name: str, work) -> None:
         try:
@@ -191,6 +191,7 @@ def test_a_step_that_fails_on_one_rank_stops_every_rank_with_its_message(tmp_pat
     stops both ranks before anything is written, instead of leaving one waiting in a collective."""
     mp.spawn(_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     zero, one = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert zero["context"] == [0, 0] and one["context"] == [1, 0]  # rank 1 would train on its machine's GPU 0
     expected = {"rank": 0, "pi": 3.25, "list": [1, "two"]}
     assert zero["on_main"] == one["on_main"] == {"result": expected}  # rank 1 got rank 0's result, not its own
     assert zero["on_main_fails"] == {"error": "DeepMetricError", "message": "the run folder is not here"}
