@@ -125,3 +125,47 @@ def load_tool(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def loaded_twice_at_once(monkeypatch, module, builder: str, load, build=None) -> tuple[list, list, int, bool]:
+    """Call ``load()`` in two threads at once, as two trainings started together load a data set that is not built
+    yet. ``module.<builder>`` (run as ``build`` when given) is held until the second thread says that it waits for
+    the first one's lock (without a lock: until 10 s have passed, and then both build). Returns the results, the
+    errors, how many builds ran and whether the second thread said it waits."""
+    import logging
+    import threading
+
+    waiting = threading.Event()
+
+    class Announced(logging.Handler):
+        def emit(self, record):
+            if "another process is fetching it" in record.getMessage():
+                waiting.set()
+
+    real, builds = build or getattr(module, builder), []
+
+    def held(*args, **kwargs):
+        builds.append(threading.current_thread().name)
+        waiting.wait(10.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, builder, held)
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(load())
+        except Exception as error:  # noqa: BLE001 (returned)
+            errors.append(error)
+
+    handler = Announced()
+    logging.getLogger("deepmetric").addHandler(handler)
+    try:
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60.0)
+    finally:
+        logging.getLogger("deepmetric").removeHandler(handler)
+    return results, errors, len(builds), waiting.is_set()

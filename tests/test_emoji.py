@@ -417,6 +417,21 @@ def test_a_path_that_does_not_exist_is_refused_never_replaced_by_an_earlier_buil
     assert (root / "meta.json").stat().st_mtime_ns == built  # none of these touched the build
 
 
+def test_two_processes_loading_emoji_at_once_build_it_once(replica, tmp_path, monkeypatch):
+    """Two trainings started together on one machine (``--nproc 2``, two torchrun ranks) with emoji not yet built:
+    both built it and replaced each other's folder. Now the second waits for the first one's lock, saying so, and
+    loads its build."""
+    from helpers import loaded_twice_at_once
+
+    source, packages = replica
+    root = tmp_path / "home" / "emoji"
+    tables, errors, builds, waited = loaded_twice_at_once(monkeypatch, emoji_module, "build_emoji",
+                                                          lambda: load(source, packages, root))
+    assert errors == [] and builds == 1 and waited
+    assert len(tables) == 2 and tables[0].class_names == tables[1].class_names
+    assert sorted(p.name for p in root.parent.iterdir()) == ["emoji"]  # no lock file, no temporary folder left
+
+
 def test_a_path_holding_the_same_versions_uses_the_build(replica, tmp_path):
     source, packages = replica
     root = tmp_path / "emoji"

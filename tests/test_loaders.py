@@ -303,6 +303,23 @@ def test_digits_and_fashion_mnist_zero_shot_split():
     assert len(fashion) == 70000 and fashion.count("train") == 35000 and fashion.images.shape[1:] == (28, 28)
 
 
+def test_two_processes_loading_glyphs_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two trainings started together on one machine (``--nproc 2``, two torchrun ranks) with glyphs not yet built:
+    both rendered it and replaced each other's folder, one of them while the other read it. Now the second waits
+    for the first one's lock, saying so, and loads its build."""
+    from deepmetric.data import glyphs as glyphs_module
+    from helpers import loaded_twice_at_once
+
+    fonts = matplotlib_fonts(GLYPH_CHARS)[:3]
+    root = tmp_path / "glyphs"
+    tables, errors, builds, waited = loaded_twice_at_once(
+        monkeypatch, glyphs_module, "build_glyphs", lambda: load_glyphs(root),
+        build=lambda root, size=None: build_glyphs(root, size=16, fonts=fonts, progress=False))
+    assert errors == [] and builds == 1 and waited
+    assert len(tables) == 2 and all(np.array_equal(t.images, tables[0].images) for t in tables)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["glyphs"]  # no lock file, no temporary folder left
+
+
 def test_glyphs_build_and_load(tmp_path):
     fonts = matplotlib_fonts(GLYPH_CHARS)[:3]
     root = build_glyphs(tmp_path / "glyphs", size=32, fonts=fonts, progress=False)

@@ -101,29 +101,57 @@ def _not_better_than_backbone(result: Any) -> str:
             "well; docs/getting-started.md ('When training does not help') says what to try")
 
 
+def _resume_config(out: str, context: Any) -> dict[str, Any]:
+    """The saved config of the run to resume; under torchrun (``context``) read by rank 0 alone (``on_main``): the
+    other machines need no copy of the run folder."""
+    from ..runs.folder import RunDir
+
+    if context is None:
+        return RunDir(out).config().to_dict()
+    import socket
+
+    from ..distributed import on_main
+
+    def read() -> dict[str, Any]:
+        try:
+            return RunDir(out).config().to_dict()
+        except DeepMetricError as error:
+            raise DeepMetricError(f"{error} on rank 0 (host {socket.gethostname()}). Rank 0 reads and writes the run "
+                                  "folder: run rank 0 on the machine that holds it (docs/cli.md, 'Training on "
+                                  "several machines')") from None
+
+    return on_main(context, read)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     layers = _train_layers(args)
+    context = _torchrun_context()
     if args.resume:
         if not args.out:
             raise DeepMetricError("--resume needs --out RUN_DIR")
         if args.config:
             raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
                                   "key=value overrides instead of --config")
-        from ..runs.folder import RunDir
-
-        saved = RunDir(args.out).config().to_dict()
-        config = build_config(saved, *layers)
+        config = build_config(_resume_config(args.out, context), *layers)
     else:
         base = load_yaml(args.config) if args.config else {}
         config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
     from ..data import check_data_path
 
-    try:
-        check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
-    except MissingDataPath as error:
-        name = config.data.spec.split(":", 1)[0]
-        raise MissingDataPath(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data set's "
-                        "layout and download)") from None
+    def check_data() -> None:
+        try:
+            check_data_path(config.data.spec)  # a missing data folder too (train checks it again, for library callers)
+        except MissingDataPath as error:
+            name = config.data.spec.split(":", 1)[0]
+            raise MissingDataPath(f"{error} (give where it is with --data {name}:PATH; docs/data.md has each data "
+                                  "set's layout and download)") from None
+
+    if context is None:
+        check_data()
+    else:  # a machine without the data stops every machine, saying which
+        from ..distributed import agreed
+
+        agreed(context, check_data)
     if not args.resume and not args.config:
         config = _auto_recipe(config, layers)
     from ..training import train
@@ -134,15 +162,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.no_test and config.eval.baseline:  # the untrained backbone's test figures would be computed, never shown
         config.eval.baseline = False
     out = Path(args.out) if args.out else Path("runs") / default_run_name(config)
+    if context is not None:  # the name rank 0 chose (the time in a default name differs between machines)
+        from ..distributed import on_main
+
+        out = Path(on_main(context, lambda: str(out)))
     if args.nproc > 1:
         from ..training.launch import launch
 
+        if context is not None:
+            raise DeepMetricError("--nproc starts processes on this machine; under torchrun give --nproc-per-node "
+                                  "to torchrun instead")
         started = time.perf_counter()
         launch(config, out, args.nproc, resume=args.resume, progress=not args.quiet)
         say(f"trained {config.train.steps} steps with {args.nproc} processes in "
               f"{(time.perf_counter() - started) / 60:.1f} min; run directory {out}")
     else:
         result = train(config, out, resume=args.resume, progress=not args.quiet)
+        if context is not None and not context.is_main:  # under torchrun, rank 0 alone holds the run and evaluates
+            log.info("rank %d: trained to step %d; rank 0 holds the run directory", context.rank, result.steps)
+            return 0
         done = result.steps - result.start_step
         if result.steps == 0:  # the model as built: with model.embedding_dim=0, the backbone's pooled features
             say(f"train.steps=0: nothing trained; {result.run_dir} holds the model as built")
@@ -156,10 +194,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{result.best_step}")
         if result.beats_backbone is False:
             say(_not_better_than_backbone(result))
-    from ..distributed import rank_from_env
-
-    if rank_from_env() != 0:  # under torchrun, rank 0 alone evaluates
-        return 0
     if not args.no_test:
         record, embeddings = evaluate_run_embeddings(out, progress=not args.quiet)
         say(results_table(out, record))
@@ -169,3 +203,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             say(f"report: {build_report(out, progress=not args.quiet, test_embeddings=embeddings)}")
     return 0
 
+
+def _torchrun_context() -> Any:
+    """Under torchrun (``WORLD_SIZE`` > 1 in the environment), this process's rank in the process group, joined now:
+    rank 0 reads the run to resume and every rank checks its data before training, each outcome shared; else None."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from ..distributed import context_from_env
+
+    return context_from_env()

@@ -52,6 +52,7 @@ from .emoji_catalogue import VENDORS, EmojiClass, emoji_classes, kind_of, read_c
 from .glyphs import data_home
 from .registry import register_dataset
 from .table import RetrievalTable, check_counts
+from .turns import taking_turns, unwritable
 
 SOURCE_HOLDS = "the five packages' tarballs"
 """What ``emoji:PATH`` is the folder of."""
@@ -342,8 +343,15 @@ def load_emoji(path: str | Path | None = None, check: bool = True, skin: bool = 
     folder = source_folder("emoji", path, SOURCE_HOLDS) if path is not None else None
     catalogue = _built_catalogue(root, packages)
     if catalogue is None:
-        build_emoji(root, source=folder, progress=progress, packages=packages)
-        catalogue = _built_catalogue(root, packages)
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise unwritable("emoji", root.parent, error) from None
+        with taking_turns(root.parent / f".{root.name}.lock", "emoji"):  # two trainings started together
+            catalogue = _built_catalogue(root, packages)  # built by the process this one waited for
+            if catalogue is None:
+                build_emoji(root, source=folder, progress=progress, packages=packages)
+                catalogue = _built_catalogue(root, packages)
         if catalogue is None:
             raise DataError(f"emoji: {root} was built but does not read back; another process may be writing it")
     elif folder is not None:  # the same versions are built: PATH is checked to hold them, not unpacked again

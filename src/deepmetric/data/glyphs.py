@@ -30,6 +30,7 @@ from ..errors import DataError
 from ..io.files import temporary_folder
 from .registry import register_dataset
 from .table import RetrievalTable
+from .turns import taking_turns, unwritable
 
 log = logging.getLogger("deepmetric")
 
@@ -168,22 +169,38 @@ def build_glyphs(root: Path | None = None, size: int = IMAGE_SIZE, fonts: list[P
     return root
 
 
+def _built_meta(root: Path) -> dict | None:
+    """``root``'s ``meta.json`` when it holds a build of this version's characters, else None."""
+    try:
+        meta = json.loads((root / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    current = isinstance(meta, dict) and meta.get("format") == FORMAT_VERSION and meta.get("chars") == "".join(
+        GLYPH_CHARS)
+    return meta if current else None
+
+
 @register_dataset("glyphs", "built")
 def load_glyphs(path: str | Path | None = None, seed: int = 0, build: bool = True) -> RetrievalTable:
     """Load (building first if needed) the glyphs table from folder ``path`` (default: the data home's
     ``glyphs``); a seeded random half of the characters trains."""
     root = Path(path) if path is not None else data_home() / "glyphs"
     meta_path = root / "meta.json"
-    if not meta_path.is_file():
+    meta = _built_meta(root)
+    if meta is None:
         if not build:
-            raise DataError(f"glyphs: {meta_path} not found; build the data set first")
-        build_glyphs(root)
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT_VERSION or meta.get("chars") != "".join(GLYPH_CHARS):
-        if not build:
-            raise DataError(f"glyphs: {root} was built by another version; rebuild it")
-        build_glyphs(root, size=meta.get("size", IMAGE_SIZE))
-        meta = json.loads(meta_path.read_text())
+            raise DataError(f"glyphs: {meta_path} not found; build the data set first" if not meta_path.is_file()
+                            else f"glyphs: {root} was built by another version; rebuild it")
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise unwritable("glyphs", root.parent, error) from None
+        with taking_turns(root.parent / f".{root.name}.lock", "glyphs"):  # two trainings started together
+            meta = _built_meta(root)  # built by the process this one waited for
+            if meta is None:
+                earlier = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+                build_glyphs(root, size=earlier.get("size", IMAGE_SIZE))
+                meta = json.loads(meta_path.read_text())
     images = np.load(root / "images.npy")
     n_chars, n_fonts = len(GLYPH_CHARS), meta["fonts"]
     if images.shape[0] != n_chars * n_fonts:

@@ -10,6 +10,8 @@ variants) makes every access return the box's pixels instead of the whole image.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,24 @@ class RetrievalTable:
             if n:
                 parts.append(f"{name} {n:,} images / {len(self.classes(name)):,} classes")
         return f"{self.name}: " + ", ".join(parts)
+
+    def digest(self) -> str:
+        """A digest of the table as the ranks of a distributed run use it: its rows' labels, splits, query and
+        gallery flags and boxes, and each image's file name (not its folder: two machines may hold the data set in
+        different places) or, for in-memory images, their pixels. Two machines whose copies of a data set differ (a
+        glyphs set rendered from other fonts, a folder with another file) give different digests."""
+        h = hashlib.sha256(self.name.encode())
+        for column in (self.labels, self.is_query, self.is_gallery):
+            h.update(np.ascontiguousarray(column).tobytes())
+        h.update("\n".join(str(s) for s in self.splits).encode())
+        if self.boxes is not None:
+            h.update(np.ascontiguousarray(self.boxes).tobytes())
+        if isinstance(self.images, np.ndarray):
+            h.update(str(self.images.shape).encode())
+            h.update(np.ascontiguousarray(self.images).data)
+        else:
+            h.update("\n".join(os.path.basename(str(path)) for path in self.images).encode())
+        return h.hexdigest()
 
 
 RetrievalDataset = RetrievalTable

@@ -1,6 +1,8 @@
 """Two processes building the same data set at once (two trainings started together) take turns on a lock file beside
 its folder (``$DEEPMETRIC_DATA/.<name>.lock``): the second waits, saying so, and then finds the first one's build
-instead of building it again (``taking_turns``; ``download`` and ``build`` use it)."""
+instead of building it again (``taking_turns``: ``download``, the icons build, and the emoji and glyphs loaders when
+they build). The lock is an ``flock``: it holds between processes of one machine, and between machines only on a
+shared file system whose ``flock`` reaches across them (NFS does; Lustre only when mounted with ``flock``)."""
 
 from __future__ import annotations
 

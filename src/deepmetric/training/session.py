@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from ..data.cache import ImageCache
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, inference_loader
 from ..devices import resolve_device
-from ..distributed import DistContext
+from ..distributed import DistContext, on_main
 from ..errors import DeepMetricError
 from ..generators import Generator, build_generator
 from ..io.files import atomic_write_text
@@ -31,7 +32,7 @@ from .optim import build_optimizer
 from .precision import Precision
 from .scalars import TensorBoardScalars
 from .setup import build_model, seed_everything, untrained_baseline
-from .state import resume_session
+from .state import Checkpoint, resume_session
 
 log = logging.getLogger("deepmetric")
 
@@ -99,22 +100,31 @@ def example_generator(config: RunConfig, model: Embedder, num_classes: int,
                            num_classes=num_classes, batch_size=batch_size, lr=config.train.lr, seed=config.train.seed)
 
 
-def prepare_run_dir(run: RunDir, resume: bool, context: DistContext, config: RunConfig) -> None:
+def prepare_run_dir(run: RunDir, resume: bool, config: RunConfig, context: DistContext) -> None:
     """A run folder holds a run once it has a checkpoint; one that stopped before its first (a failed start)
-    starts afresh, and ``--resume`` needs a checkpoint whose model, objective and groups the config keeps."""
+    starts afresh, and ``--resume`` needs a checkpoint whose model, objective and groups the config keeps. Rank 0
+    alone looks at the folder and prepares it (``on_main``): the other ranks, which may run on machines without it,
+    stop with rank 0 when it refuses."""
+    on_main(context, lambda: _prepare_run_dir(run, resume, config, context))
+
+
+def _prepare_run_dir(run: RunDir, resume: bool, config: RunConfig, context: DistContext) -> None:
     if run.last.is_file() and not resume:
         raise DeepMetricError(f"{run.path} already holds a run; pass --resume to continue it or choose another --out")
+    if resume and not run.last.is_file() and context.enabled:  # rank 0 may be on a machine without the run folder
+        found = "it holds no checkpoint" if run.path.is_dir() else "there is no such folder"
+        raise DeepMetricError(f"cannot resume {run.path}: {found} on rank 0 (host {socket.gethostname()}). Rank 0 "
+                              f"reads and writes the run folder: run rank 0 on the machine that holds {run.last} "
+                              "(docs/cli.md, 'Training on several machines')")
     if resume and not run.last.is_file():
         raise DeepMetricError(f"cannot resume {run.path}: it holds no checkpoint (the run stopped before its first); "
                               "start it again without --resume")
     if resume:
         run.check_resumable(config)
-    elif run.exists() and context.is_main:
+    elif run.exists():
         log.warning("%s holds a run that stopped before its first checkpoint: starting it afresh", run.path)
         run.clear_failed_start()
-    if context.is_main:
-        run.remove_stale_temporaries()
-    context.barrier()  # every rank has looked before rank 0 writes
+    run.remove_stale_temporaries()
 
 
 def set_up_process(t: Any, context: DistContext) -> torch.device:
@@ -129,12 +139,15 @@ def set_up_process(t: Any, context: DistContext) -> torch.device:
     return resolve_device(t.device, context.local_rank)
 
 
-def build_session(config: RunConfig, run: RunDir, context: DistContext, device: torch.device, resume: bool,
-                   progress: bool) -> tuple[Session, list[Any]]:
+def build_session(config: RunConfig, run: RunDir, context: DistContext, device: torch.device,
+                  checkpoint: Checkpoint | None, progress: bool) -> tuple[Session, list[Any]]:
     """Everything training needs, each piece checked before anything is written: the model first (a missing or
     misfitting weight file is found before minutes of image audit), then the data and its audit, the
-    objective, optimiser and generator, the state of ``last`` when resuming, and the sampler (a data set too small
-    for a P x K batch is refused here). Returns the session and the bad items the audit left out."""
+    objective, optimiser and generator, the state of ``last`` (``checkpoint``, read by ``state.read_last``) when
+    resuming, and the sampler (a data set too small for a P x K batch is refused here). Returns the session and the
+    bad items the audit left out. No collective runs here: a rank that fails leaves the others at the caller's
+    ``agreed``."""
+    resume = checkpoint is not None
     model = build_model(config).to(device)
     check_objective(config.loss, model.head)  # a loss that fails on its options, before minutes of image audit
     table, bad_items = load_table(config, progress)
@@ -155,8 +168,8 @@ def build_session(config: RunConfig, run: RunDir, context: DistContext, device: 
         generator.to(device)
     session = Session(config, run, context, device, progress, model, table, train_part, classes, objective,
                       optimizer, Precision(config.train.amp, device), generator)
-    if resume:
-        resume_session(session)
+    if checkpoint is not None:
+        resume_session(session, checkpoint)
     t, d = config.train, config.data
     session.sampler = PKSampler(np.searchsorted(classes, train_part.labels), d.classes_per_batch,
                                 d.samples_per_class, seed=t.seed, start_step=session.start_step, num_steps=t.steps,
@@ -170,27 +183,30 @@ def build_session(config: RunConfig, run: RunDir, context: DistContext, device: 
 
 
 def first_writes(session: Session, bad_items: list[Any]) -> None:
-    """What rank 0 writes once every check has passed: the bad items left out, the config, this session's
-    environment, the untrained baseline; a resumed run's log loses the steps after its checkpoint."""
+    """What rank 0 writes once every check has passed (``on_main``: the other ranks wait for it, and stop with it
+    when it fails): the bad items left out, the config, this session's environment, the untrained baseline; a
+    resumed run's log loses the steps after its checkpoint."""
+    on_main(session.context, lambda: _write_first(session, bad_items))
+
+
+def _write_first(session: Session, bad_items: list[Any]) -> None:
     config, run, context = session.config, session.run, session.context
-    if context.is_main:
-        if session.start_step:  # (the step it resumes from is said once, with the run directory)
-            run.truncate_log(session.start_step)  # a killed run may have logged steps after its last checkpoint
-        if bad_items:
-            atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
-            log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
-        save_config(config, run.config_path)
-        run.add_session(environment(session.device, start_step=session.start_step, steps=config.train.steps,
-                                    processes=context.world_size))
-        if config.train.tensorboard:
-            session.scalars = TensorBoardScalars(run.path / "tensorboard", session.start_step)
-        if config.eval.baseline and not run.baseline.is_file():
-            log.info("evaluating the untrained backbone on the test split")
-            baseline = untrained_baseline(config, session.table, session.device, session.progress)
-            atomic_write_text(run.baseline, to_json(baseline, indent=2))
-        if config.eval.baseline and session.table.count("val") > 0:
-            session.backbone_val = backbone_on_validation(session)
-    context.barrier()
+    if session.start_step:  # (the step it resumes from is said once, with the run directory)
+        run.truncate_log(session.start_step)  # a killed run may have logged steps after its last checkpoint
+    if bad_items:
+        atomic_write_text(run.bad_items, "".join(f"{item.line()}\n" for item in bad_items))
+        log.warning("left out %d bad item(s); the list is in %s", len(bad_items), run.bad_items)
+    save_config(config, run.config_path)
+    run.add_session(environment(session.device, start_step=session.start_step, steps=config.train.steps,
+                                processes=context.world_size))
+    if config.train.tensorboard:
+        session.scalars = TensorBoardScalars(run.path / "tensorboard", session.start_step)
+    if config.eval.baseline and not run.baseline.is_file():
+        log.info("evaluating the untrained backbone on the test split")
+        baseline = untrained_baseline(config, session.table, session.device, session.progress)
+        atomic_write_text(run.baseline, to_json(baseline, indent=2))
+    if config.eval.baseline and session.table.count("val") > 0:
+        session.backbone_val = backbone_on_validation(session)
 
 
 def backbone_on_validation(session: Session) -> dict[str, float]:

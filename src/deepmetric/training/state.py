@@ -1,18 +1,26 @@
 """A training session's state in its checkpoints: ``last`` (everything an exact ``--resume`` needs) and ``best``
-(the model and the objective at the best validation), and loading ``last`` back into a session."""
+(the model and the objective at the best validation), and loading ``last`` back into a session: rank 0 reads it
+and hands it to the other ranks (``read_last``), which need no copy of the run folder."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import load as tensors_from_bytes
+from safetensors.torch import save as tensors_to_bytes
 
+from ..distributed import DistContext, broadcast_bytes, on_main
 from ..errors import DeepMetricError
 from ..io.tensors import optimizer_from_flat, optimizer_to_flat, prefixed, unprefixed
 from ..runs.checkpoint import load_checkpoint, save_checkpoint
+from ..runs.folder import RunDir
 
 if TYPE_CHECKING:
     from .session import Session
+
+Checkpoint = tuple[dict[str, torch.Tensor], dict[str, Any]]
 
 
 def save_last(session: Session, step: int) -> None:
@@ -48,11 +56,29 @@ def save_best(session: Session, step: int, metrics: dict[str, float]) -> None:
                                                 "val_r_precision": metrics["r_precision"]})
 
 
-def resume_session(session: Session) -> None:
-    """Load ``last`` into the session: model, objective (its cross-batch memory too), optimiser, fp16's gradient
-    scaler, generator, RNG, step and best."""
+def read_last(run: RunDir, context: DistContext) -> Checkpoint:
+    """``last``'s tensors and state, read by rank 0 and sent to every other rank (safetensors bytes and JSON, over
+    the process group): under torch.distributed every rank resumes from rank 0's file, as from one shared folder, and
+    a machine without the run folder resumes too. A checkpoint rank 0 cannot read stops every rank with its error."""
+    checkpoint: list[Checkpoint] = []
+
+    def read() -> None:
+        checkpoint.append(load_checkpoint(run.last))
+
+    on_main(context, read)
+    if not context.enabled:
+        return checkpoint[0]
+    tensors, state = checkpoint[0] if context.is_main else ({}, {})
+    state = json.loads(broadcast_bytes(json.dumps(state).encode() if context.is_main else None, context))
+    payload = broadcast_bytes(tensors_to_bytes(tensors) if context.is_main else None, context)
+    return (tensors if context.is_main else tensors_from_bytes(payload)), state
+
+
+def resume_session(session: Session, checkpoint: Checkpoint) -> None:
+    """Load ``last`` (``read_last``) into the session: model, objective (its cross-batch memory too), optimiser, fp16's
+    gradient scaler, generator, RNG, step and best."""
     run, generator = session.run, session.generator
-    tensors, state = load_checkpoint(run.last)
+    tensors, state = checkpoint
     if generator is not None:
         if "generator" not in state:
             raise DeepMetricError(f"cannot resume {run.path} with a generator: its checkpoint has none (add the "

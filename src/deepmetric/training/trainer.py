@@ -13,6 +13,7 @@ step follows the model's, its state goes into ``last``; without one the loop is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -32,7 +33,16 @@ from ..data.batched_transforms import BatchedTrainTransform
 from ..data.cache import CachedBatches
 from ..data.table import RetrievalTable
 from ..data.torch_dataset import ImageDataset, training_loader
-from ..distributed import DistContext, context_from_env, gather_labels, gather_output, sum_gradients
+from ..distributed import (
+    DistContext,
+    agreed,
+    context_from_env,
+    gather_labels,
+    gather_output,
+    on_main,
+    same_on_every_rank,
+    sum_gradients,
+)
 from ..errors import TrainingInterrupted
 from ..evaluation import EmbedSettings, evaluate
 from ..generators import Generator
@@ -55,7 +65,7 @@ from .session import (
     training_sample,
 )
 from .signals import stop_on_signals
-from .state import save_best, save_last
+from .state import read_last, save_best, save_last
 
 log = logging.getLogger("deepmetric")
 
@@ -142,16 +152,28 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
     Rank 0 holds the run folder for the whole run (``RunDir.claimed``: a second training into it is refused);
     then the steps: set up the process, build and check every piece (``_build_session``), the first writes,
     the loop. A data path that does not exist, or a timm model that timm does not know, is refused first, before the
-    run folder, the weights or the model.
+    run folder, the weights or the model. Under torch.distributed rank 0 alone reads and writes the run folder (the
+    other ranks get ``last`` from it when resuming) and a step that fails on one rank stops every rank
+    (``distributed.on_main``, ``agreed``); every rank must load the same data set.
     """
-    check_data_path(config.data.spec)
-    check_backbone_exists(config.model.backbone)  # timm:<name> too: an unknown model makes no run folder
     context = context_from_env()
+
+    def check() -> None:
+        check_data_path(config.data.spec)
+        check_backbone_exists(config.model.backbone)  # timm:<name> too: an unknown model makes no run folder
+
+    agreed(context, check)
     run = RunDir(out)
-    with run.claimed() if context.is_main else contextlib.nullcontext():
-        prepare_run_dir(run, resume, context, config)
-        device = set_up_process(config.train, context)
-        session, bad_items = build_session(config, run, context, device, resume, progress and context.is_main)
+    with _claimed(run, context):
+        prepare_run_dir(run, resume, config, context)
+        checkpoint = read_last(run, context) if resume else None  # (a collective: before any rank can fail alone)
+        device = agreed(context, lambda: set_up_process(config.train, context))
+        build = functools.partial(build_session, config, run, context, device, checkpoint, progress and context.is_main)
+        del checkpoint  # loaded into the session by build: a large one is not kept for the whole run
+        session, bad_items = agreed(context, build)
+        del build
+        if context.enabled:  # a machine whose copy of the data differs would train on other batches, silently
+            same_on_every_rank(context, session.table.digest(), session.table.summary(), "the data set")
         if context.is_main:  # before the first step: the folder to watch (its log, TensorBoard) while it trains
             log.info("run directory %s%s", run.path, f" (resuming after step {session.start_step})" if resume else "")
         first_writes(session, bad_items)
@@ -160,6 +182,15 @@ def train(config: RunConfig, out: str | Path, resume: bool = False, progress: bo
         finally:
             if session.scalars is not None:
                 session.scalars.close()
+
+
+@contextlib.contextmanager
+def _claimed(run: RunDir, context: DistContext) -> Iterator[None]:
+    """Rank 0 holds the run folder (``RunDir.claimed``) while the block runs; a folder another training holds stops
+    every rank."""
+    with contextlib.ExitStack() as stack:
+        on_main(context, lambda: stack.enter_context(run.claimed()))
+        yield
 
 
 def _loop(session: Session) -> TrainResult:
@@ -280,15 +311,18 @@ def _finish(session: Session, end: int, seconds: float) -> TrainResult:
     """After the last step: fp16's count of skipped steps, a ``last`` for a run that had nothing left to train, the
     generator's diagnostics; the result."""
     config, run, context, precision = session.config, session.run, session.context, session.precision
-    if precision.scaler is not None and context.is_main:
-        log.info("train.amp=fp16: %d step(s) of the run skipped for overflowing gradients; loss scale %g",
-                 precision.skipped, precision.scaler.get_scale())
-    if context.is_main and session.start_step >= config.train.steps and not run.last.is_file():
-        save_last(session, session.start_step)
-    if session.generator is not None and context.is_main:
-        _generator_diagnostics(run, config, session.model, session.generator, session.train_part, session.classes,
-                               session.device)
-    context.barrier()
+
+    def on_rank_0() -> None:
+        if precision.scaler is not None:
+            log.info("train.amp=fp16: %d step(s) of the run skipped for overflowing gradients; loss scale %g",
+                     precision.skipped, precision.scaler.get_scale())
+        if session.start_step >= config.train.steps and not run.last.is_file():
+            save_last(session, session.start_step)
+        if session.generator is not None:
+            _generator_diagnostics(run, config, session.model, session.generator, session.train_part,
+                                   session.classes, session.device)
+
+    on_main(context, on_rank_0)
     best = session.best
     return TrainResult(run.path, end, best["step"], best["score"], seconds, session.start_step,
                        session.stopped_early, best.get("metrics"), session.backbone_val,
