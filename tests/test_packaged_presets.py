@@ -138,7 +138,7 @@ def test_the_readme_shows_what_the_presets_command_prints_and_names_presets_that
     named = re.findall(r"deepmetric\s+train\s+--config\s+([\w/.-]+)", docs)
     studies = re.findall(r"deepmetric\s+study\s+([\w/.-]+)", docs)
     files = set(re.findall(r"cat > (\S+)", docs))  # study files a page writes itself, then runs
-    named = [n for n in named if not n.startswith("/")]  # a file of the reader's (/tmp/...), not a preset
+    named = [n for n in named if not n.startswith(("/", "./"))]  # a file of the reader's (/tmp/..., ./x.yaml)
     by_name = [(n, "config") for n in named if not n.startswith("configs/") and n.islower()]  # not PLACEHOLDERS
     by_name += [(n, "study") for n in studies if not n.startswith("configs/") and n.islower() and n not in files]
     assert ("abe/cub-abe8", "config") in by_name and ("demo", "study") in by_name
