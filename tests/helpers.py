@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -127,14 +131,10 @@ def load_tool(name: str) -> ModuleType:
     return module
 
 
-def loaded_twice_at_once(monkeypatch, module, builder: str, load, build=None) -> tuple[list, list, int, bool]:
-    """Call ``load()`` in two threads at once, as two trainings started together load a data set that is not built
-    yet. ``module.<builder>`` (run as ``build`` when given) is held until the second thread says that it waits for
-    the first one's lock (without a lock: until 10 s have passed, and then both build). Returns the results, the
-    errors, how many builds ran and whether the second thread said it waits."""
-    import logging
-    import threading
-
+@contextlib.contextmanager
+def waits_announced() -> Iterator[threading.Event]:
+    """An event set once deepmetric's log says that a process waits for another's build or download ("another
+    process is fetching it"), listening while the block runs."""
     waiting = threading.Event()
 
     class Announced(logging.Handler):
@@ -142,30 +142,46 @@ def loaded_twice_at_once(monkeypatch, module, builder: str, load, build=None) ->
             if "another process is fetching it" in record.getMessage():
                 waiting.set()
 
-    real, builds = build or getattr(module, builder), []
+    handler = Announced()
+    logging.getLogger("deepmetric").addHandler(handler)
+    try:
+        yield waiting
+    finally:
+        logging.getLogger("deepmetric").removeHandler(handler)
 
-    def held(*args, **kwargs):
-        builds.append(threading.current_thread().name)
-        waiting.wait(10.0)
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(module, builder, held)
+def twice_at_once(call, timeout: float) -> tuple[list, list]:
+    """``call()`` in two threads started together, each joined for up to ``timeout`` seconds: the results and the
+    errors."""
     results, errors = [], []
 
     def run():
         try:
-            results.append(load())
+            results.append(call())
         except Exception as error:  # noqa: BLE001 (returned)
             errors.append(error)
 
-    handler = Announced()
-    logging.getLogger("deepmetric").addHandler(handler)
-    try:
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60.0)
-    finally:
-        logging.getLogger("deepmetric").removeHandler(handler)
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return results, errors
+
+
+def loaded_twice_at_once(monkeypatch, module, builder: str, load, build=None) -> tuple[list, list, int, bool]:
+    """Call ``load()`` in two threads at once, as two trainings started together load a data set that is not built
+    yet. ``module.<builder>`` (run as ``build`` when given) is held until the second thread says that it waits for
+    the first one's lock (without a lock: until 10 s have passed, and then both build). Returns the results, the
+    errors, how many builds ran and whether the second thread said it waits."""
+    real, builds = build or getattr(module, builder), []
+    with waits_announced() as waiting:
+
+        def held(*args, **kwargs):
+            builds.append(threading.current_thread().name)
+            waiting.wait(10.0)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, builder, held)
+        results, errors = twice_at_once(load, 60.0)
     return results, errors, len(builds), waiting.is_set()

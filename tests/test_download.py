@@ -20,6 +20,7 @@ from PIL import Image
 from deepmetric.data import download as download_module
 from deepmetric.data import load_dataset
 from deepmetric.errors import DataError
+from helpers import twice_at_once, waits_announced
 
 CLASSES = {1: "001.Black_footed_Albatross", 2: "002.Laysan_Albatross", 101: "101.White_Pelican",
            102: "102.Western_Wood_Pewee"}
@@ -180,34 +181,9 @@ def test_two_processes_fetching_at_once_download_once(tmp_path, serve):
     then failed, after 1.1 GB). Now the second waits for the first, saying so, and uses its build. The server holds
     its answer until the second fetch has announced that it waits (without the lock: until 10 s have passed, and
     then both requests are answered)."""
-    import logging
-
-    waiting = threading.Event()
-
-    class Announced(logging.Handler):
-        def emit(self, record):
-            if "another process is fetching it" in record.getMessage():
-                waiting.set()
-
-    handler = Announced()
-    logging.getLogger("deepmetric").addHandler(handler)
-    server = serve(gate=waiting)
-    roots, errors = [], []
-
-    def fetch():
-        try:
-            roots.append(download_module.fetch("cub", progress=False))
-        except Exception as error:  # noqa: BLE001 (reported below)
-            errors.append(error)
-
-    try:
-        threads = [threading.Thread(target=fetch) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30.0)
-    finally:
-        logging.getLogger("deepmetric").removeHandler(handler)
+    with waits_announced() as waiting:
+        server = serve(gate=waiting)
+        roots, errors = twice_at_once(lambda: download_module.fetch("cub", progress=False), 30.0)
     assert errors == [] and waiting.is_set()
     assert roots == [tmp_path / "data" / "cub"] * 2 and server.ranges == [None]
     assert download_module.is_built(roots[0], download_module.ARCHIVES["cub"])
