@@ -7,7 +7,7 @@
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
-#   sections: setup tests data train eval eval-no-nmi compile cache compile-heads
+#   sections: setup tests data train eval eval-no-nmi compile cache compile-heads infer ddp deml-profile
 #   (default: setup tests data train eval compile)
 #   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
 #
@@ -98,6 +98,33 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
       timeout 150 $PY benchmarks/train_step.py --device cuda --head $head --size 160 --batch 64 --repeats 10 --compile \
         --out "$RES/train_step_cuda_compiled_$head.json" 2>&1 | tail -9 | tee -a "$RES/train_step_compiled_heads.log"
     done
+    ;;
+  infer)  # 5. inference: the embedding and per-query passes in float32, bf16 and compiled, against the bare forward
+    section infer
+    for size in 160 224; do
+      timeout 200 $PY benchmarks/inference_speed.py --device cuda --size $size --batch 256 --images 4096 \
+        --queries 128 --rounds 3 --workers 12 --out "$RES/inference_speed_${size}px.json" 2>&1 | grep -v Warning \
+        | tail -8 | tee -a "$RES/inference_speed.log"
+    done
+    ;;
+  ddp)  # 6. DDP on one GPU: two ranks on cuda:0 (gloo carries the CUDA tensors), then torchrun trains and resumes
+    section ddp
+    timeout 240 $PY -m pytest -p no:cacheprovider -q -rfEs tests/test_cuda.py -k "one_gpu" 2>&1 | tail -20 \
+      | tee "$RES/ddp_tests.log"
+    DDP_RUN=$(mktemp -d)/run
+    for step in "--steps 6" "--steps 10 --resume"; do
+      timeout 150 $PY -m torch.distributed.run --standalone --nproc_per_node=2 -m deepmetric train --data digits \
+        --backbone tiny $step --quiet --no-test --out "$DDP_RUN" model.pretrained=false model.embedding_dim=16 \
+        data.image_size=16 data.classes_per_batch=4 data.samples_per_class=4 train.device=cuda:0 \
+        train.checkpoint_every=2 2>&1 | tail -5 | tee -a "$RES/ddp_torchrun.log"
+      echo "exit ${PIPESTATUS[0]} after: $step" | tee -a "$RES/ddp_torchrun.log"
+    done
+    tail -2 "$DDP_RUN/metrics.jsonl" >>"$RES/ddp_torchrun.log"; cp "$DDP_RUN/environment.json" "$RES/ddp_environment.json"
+    ;;
+  deml-profile)  # 7. where DeML(3,3)'s step goes against GAP's (torch.profiler), GoogLeNet 224 px, batch 64
+    section deml-profile
+    timeout 200 $PY benchmarks/deml_profile.py --device cuda --steps 10 --out "$RES/deml_profile.json" 2>&1 \
+      | grep -v Warning | tee "$RES/deml_profile.log"
     ;;
   *) echo "unknown section $s" ;;
   esac

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-import deepmetric.training.compiled as compiled
+import deepmetric.models.compiled as compiled
 from deepmetric.training import train
 from helpers import checkpoint, tiny_config, train_straight_and_resumed
 

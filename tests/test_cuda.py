@@ -158,3 +158,92 @@ def test_a_loss_that_overflows_float16_trains_finite_under_fp16_on_cuda(tmp_path
     log = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
+
+
+# --- DDP on one GPU (issue 52 item 6): two ranks share cuda:0, their CUDA tensors carried by gloo ----------------
+
+def _ddp_config(steps: int) -> dict:
+    return tiny_config(train={"steps": steps, "threads": 1, "device": "cuda:0", "checkpoint_every": 2},
+                       loss={"name": "margin"}, model={"head": "abe", "head_options": {"num_learners": 2}})
+
+
+def test_two_processes_on_one_gpu_train_and_resume_as_one_process_on_the_global_batch(tmp_path):
+    """2 ranks x 6 images against 1 process x 12 images, both on cuda:0: the same weights and losses after 3 steps,
+    and again after both resume to 5. NCCL refuses two ranks on one GPU; ``launch`` tells them this machine runs
+    more ranks than it has GPUs, so gloo carries the CUDA tensors (``process_group_backend``)."""
+    from deepmetric.runs.folder import RunDir
+    from deepmetric.training import train
+    from deepmetric.training.launch import launch
+    from helpers import checkpoint
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("two ranks on one GPU: a machine with one GPU")
+    for steps, resume in ((3, False), (5, True)):
+        train(_ddp_config(steps), tmp_path / "one", resume=resume, progress=False)
+        launch(_ddp_config(steps), tmp_path / "two", nproc=2, resume=resume, progress=False)
+        (a, a_state), (b, b_state) = (checkpoint(tmp_path / run / "checkpoints/last.safetensors")
+                                      for run in ("one", "two"))
+        assert a_state["step"] == b_state["step"] == steps
+        for key in a:
+            if key.startswith("model."):
+                torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+        losses = [[r["loss"] for r in RunDir(tmp_path / run).read_log() if "loss" in r] for run in ("one", "two")]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4, abs=1e-5)
+    sessions = json.loads((tmp_path / "two/environment.json").read_text())["sessions"]
+    assert all(s["device"].startswith("cuda") for s in sessions)
+
+
+def _embed_on_rank_on_cuda(rank: int, world: int, port: int, out: str) -> None:
+    from deepmetric import create_model
+    from deepmetric.distributed import context_from_env, shutdown
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    context = context_from_env()
+    try:
+        torch.manual_seed(0)
+        model = create_model("tiny", pretrained=False, embedding_dim=8).to("cuda:0")
+        embeddings = embed_table(model, make_table(n_classes=3, per_class=5),
+                                 EmbedSettings(16, batch_size=4, progress=False, device="cuda:0"), context=context)
+        import numpy as np
+
+        np.save(os.path.join(out, f"rank{rank}.npy"), embeddings)
+    finally:
+        shutdown()
+
+
+def test_sharded_evaluation_on_one_gpu_gives_every_rank_all_rows_in_order(tmp_path):
+    """15 rows embedded by 2 ranks on cuda:0 (8 + 7: the gather pads one shard): each rank holds the single process's
+    matrix, no row missing, none twice."""
+    import numpy as np
+    import torch.multiprocessing as mp
+
+    from deepmetric import create_model
+    from deepmetric.distributed import free_port
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
+
+    mp.spawn(_embed_on_rank_on_cuda, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch.manual_seed(0)
+    model = create_model("tiny", pretrained=False, embedding_dim=8).to("cuda:0")
+    single = embed_table(model, make_table(n_classes=3, per_class=5),
+                         EmbedSettings(16, batch_size=4, progress=False, device="cuda:0"))
+    assert single.shape == (15, 8) and len(np.unique(single.round(5), axis=0)) == 15
+    for rank in range(2):
+        np.testing.assert_allclose(np.load(tmp_path / f"rank{rank}.npy"), single, atol=1e-5)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_the_embedding_pass_runs_under_autocast_on_cuda(amp):
+    """``eval.amp`` on a GPU: float32 unit rows near float32's, not float32's."""
+    import numpy as np
+
+    from deepmetric import create_model
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
+
+    model = create_model("tiny", pretrained=False, embedding_dim=16).to("cuda:0")
+    table = make_table()
+    plain = embed_table(model, table, EmbedSettings(24, progress=False, device="cuda:0"))
+    low = embed_table(model, table, EmbedSettings(24, progress=False, device="cuda:0", amp=amp))
+    assert low.dtype == np.float32 and np.abs(low - plain).max() < 0.05 and not np.array_equal(low, plain)
+    np.testing.assert_allclose(np.linalg.norm(low, axis=1), 1.0, atol=1e-5)

@@ -298,7 +298,16 @@ def test_process_groups_take_cpu_tensors_also_where_torch_sees_a_gpu(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert process_group_backend() == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert process_group_backend() == "cpu:gloo,cuda:nccl"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("DEEPMETRIC_DIST_BACKEND", raising=False)
+    for ranks_here in ("1", "2"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks_here)
+        assert process_group_backend() == "cpu:gloo,cuda:nccl"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # more ranks than GPUs: NCCL refuses two ranks on one GPU
+    assert process_group_backend() == "gloo"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("DEEPMETRIC_DIST_BACKEND", "gloo")
+    assert process_group_backend() == "gloo"
 
 
 def test_sharded_evaluation_gives_every_rank_all_rows_in_order(tmp_path):

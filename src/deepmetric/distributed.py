@@ -84,8 +84,17 @@ def context_from_env() -> DistContext:
 def process_group_backend() -> str:
     """gloo for CPU tensors and, where torch sees a GPU, NCCL for CUDA tensors. NCCL alone refuses CPU tensors
     ("No backend type associated with device type cpu"): the ranks' stop flag, and every collective of a run
-    with ``train.device=cpu`` on a GPU machine, are CPU tensors."""
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    with ``train.device=cpu`` on a GPU machine, are CPU tensors.
+
+    gloo carries the CUDA tensors too where this machine runs more ranks than it has GPUs (torchrun's
+    ``LOCAL_WORLD_SIZE``; ``train.device=cuda:0`` for every rank): NCCL refuses two ranks on one GPU ("Duplicate
+    GPU detected"), gloo does not; or where ``DEEPMETRIC_DIST_BACKEND=gloo`` asks for it."""
+    if not torch.cuda.is_available():
+        return "gloo"
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if os.environ.get("DEEPMETRIC_DIST_BACKEND") == "gloo" or ranks_here > torch.cuda.device_count():
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def shutdown() -> None:

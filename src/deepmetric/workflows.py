@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .config import RunConfig
+from .config.validate import set_inference
 from .data import check_data_path
 from .data.listing import files_table, image_sources, list_images_of
 from .data.table import RetrievalTable, test_sizes_match
@@ -52,7 +53,8 @@ def held_for_evaluation(run: RunDir) -> Iterator[None]:
 
 
 def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
-                 progress: bool = True, rerank: Rerank | None = None) -> dict[str, Any]:
+                 progress: bool = True, rerank: Rerank | None = None, amp: str | bool | None = None,
+                 compile: bool | None = None) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the test split; writes and returns the record of ``RUN/metrics.json`` (the
     run's chosen checkpoint) or, for ``last`` beside a ``best``, of ``RUN/metrics-last.json``, and each query's
     results beside it (``per-query.npz`` / ``per-query-last.npz``: ``evaluation/per_query.py``), from the same
@@ -62,12 +64,16 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
     With ``rerank`` (``evaluation/rerank.py``) the figures are those after re-ranking, with the settings and the
     same ranking metrics without it (``without_rerank``), in files of their own that leave the run's record as it
     was: ``metrics-rerank-<method>.json`` (``metrics-last-rerank-…``, ``metrics-on-<data>-rerank-…``) and its
-    per-query file."""
-    return evaluate_run_embeddings(run_dir, data_spec, which, progress, rerank)[0]
+    per-query file.
+
+    ``amp`` and ``compile`` set the embedding pass's ``eval.amp`` and ``eval.compile`` (None: the run's); a record
+    embedded under autocast says so (``embedding``)."""
+    return evaluate_run_embeddings(run_dir, data_spec, which, progress, rerank, amp, compile)[0]
 
 
 def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, which: str = "auto",
-                            progress: bool = True, rerank: Rerank | None = None) -> tuple[dict[str, Any], np.ndarray]:
+                            progress: bool = True, rerank: Rerank | None = None, amp: str | bool | None = None,
+                            compile: bool | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """``evaluate_run``, also returning the test split's embeddings (rows in the split's order), so that a
     report of the same checkpoint need not embed the split again."""
     run = RunDir(run_dir)
@@ -76,6 +82,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     if data_spec:
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
+    set_inference(config, amp, compile)
     check_data_path(config.data.spec)  # before the model is loaded
     device = resolve_device(config.train.device)
     with held_for_evaluation(run):
@@ -109,10 +116,14 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
 def _test_record(config: RunConfig, table: RetrievalTable, checkpoint: Path, state: dict[str, Any],
                  device: torch.device, **results: Any) -> dict[str, Any]:
     """What a test evaluation file records: the data, the checkpoint and its step, the split's size, ``results``,
-    and the machine, software and kNN engine that computed them."""
+    the embedding pass's precision when it was not float32 eager (``embedding``), and the machine, software and kNN
+    engine that computed them."""
+    settings = EmbedSettings.from_config(config, device, False)
+    embedding = {"embedding": {"amp": settings.amp, "compile": settings.compile}} if settings.amp or settings.compile \
+        else {}
     return {"data": config.data.spec, "split": "test", "checkpoint": checkpoint.stem, "step": state.get("step"),
             "test_classes": int(len(table.classes("test"))), "test_images": table.count("test"),
-            "published_test_sizes": test_sizes_match(table), **results,
+            "published_test_sizes": test_sizes_match(table), **results, **embedding,
             "evaluated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
             "environment": evaluation_environment(device, config.eval.engine)}
 
@@ -207,10 +218,13 @@ def results_table(run_dir: str | Path, record: dict[str, Any]) -> str:
 
 
 def embed_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path, which: str = "auto",
-                 batch_size: int | None = None, progress: bool = True) -> tuple[Path, Path, int]:
+                 batch_size: int | None = None, progress: bool = True, amp: str | bool | None = None,
+                 compile: bool | None = None) -> tuple[Path, Path, int]:
     """Embed images with a run's model; writes ``out`` (N x D float32 .npy) and ``out``'s ``.paths.txt``.
-    ``images`` is what ``list_images`` takes, or several of these (their images in the order given, one row each)."""
+    ``images`` is what ``list_images`` takes, or several of these (their images in the order given, one row each);
+    ``amp`` and ``compile`` set the pass's ``eval.amp`` and ``eval.compile`` (None: the run's)."""
     config: RunConfig = RunDir(run_dir).config()
+    set_inference(config, amp, compile)
     refuse_folder(out, "embeddings.npy")
     out = Path(out) if Path(out).suffix == ".npy" else Path(f"{out}.npy")  # as numpy.save names it: feat.v2.npy
     check_writable(out)  # before the embedding work, not after it

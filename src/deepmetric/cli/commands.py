@@ -101,7 +101,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         say(to_json(record["embeddings"]) if args.json else format_table(record["embeddings"]))
         return 0
     record = evaluate_run(args.run_dir, data_spec=args.data, which=args.checkpoint, progress=not args.quiet,
-                          rerank=rerank)
+                          rerank=rerank, amp=args.amp, compile=args.compile)
     say(to_json(record["metrics"]) if args.json else results_table(args.run_dir, record))
     return 0
 
@@ -110,7 +110,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from ..workflows import embed_images
 
     out, paths, n = embed_images(args.run_dir, args.images, args.out, which=args.checkpoint,
-                                 batch_size=args.batch_size, progress=not args.quiet)
+                                 batch_size=args.batch_size, progress=not args.quiet, amp=args.amp,
+                                 compile=args.compile)
     say(f"wrote {n} embeddings to {out} (image paths in {paths})")
     return 0
 
@@ -143,7 +144,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     result = index_images(args.run_dir, args.images, args.out, kind="ivf-pq" if args.ivf_pq else "flat",
                           add=args.add, nlist=args.nlist, pq_m=args.pq_m, which=args.checkpoint,
-                          batch_size=args.batch_size, progress=not args.quiet)
+                          batch_size=args.batch_size, progress=not args.quiet, amp=args.amp,
+                          compile=args.compile)
     skipped = f" ({result.skipped} already indexed, skipped)" if result.skipped else ""
     if result.repeated:
         skipped += f" ({result.repeated} given more than once, indexed once)"
@@ -158,7 +160,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     rerank = rerank_from_args(args)
     queries = list_images_of(args.image)
-    searcher = Searcher(args.index_dir)
+    searcher = Searcher(args.index_dir, args.device, amp=args.amp, compile=args.compile)
     if args.k > searcher.count:  # a note on stderr (not with --json or --quiet): the results are all there are
         log.info("the index holds %d items: printing all of them (--k %d)", searcher.count, args.k)
     found = searcher.search_files(queries, args.k, not args.quiet, rerank)
@@ -185,7 +187,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = ServiceLimits(max_body_bytes=int(args.max_body_mb * 2**20), max_pixels=int(args.max_megapixels * 1e6),
                            workers=args.workers, queue=args.queue, timeout_s=args.timeout, max_k=args.max_k)
     allowed = [name for names in args.allowed_hosts for name in names.split(",") if name.strip()]
-    serve(args.index_dir, args.host, args.port, limits, allowed)
+    serve(args.index_dir, args.host, args.port, limits, allowed, device=args.device, amp=args.amp,
+          compile=args.compile)
     return 0
 
 

@@ -60,6 +60,23 @@ def _add_run_options(p: argparse.ArgumentParser, batch_size: bool = True) -> Non
     p.add_argument("--quiet", action="store_true")
 
 
+def _add_inference_options(p: argparse.ArgumentParser, device: bool = False) -> None:
+    """How a command that embeds images runs the model: autocast and torch.compile (``eval.amp``, ``eval.compile``),
+    and for the commands that load an index's model, the device."""
+    p.add_argument("--amp", choices=["bf16", "fp16"],
+                   help="embed under bfloat16 or float16 autocast (eval.amp; default: the run's, float32 unless it "
+                   "set one); embeddings stay float32. For GPUs: on a CPU without bfloat16 arithmetic it is several "
+                   "times slower")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="compile the model with torch.compile before embedding (eval.compile): the first batch "
+                   "compiles (a minute or more on a CPU), then faster for a large gallery; eager again, after one "
+                   "warning, where the model cannot be compiled")
+    if device:
+        p.add_argument("--device", default="cpu",
+                       help="where the model embeds the queries: cpu (default), cuda, cuda:1, or auto (a GPU when "
+                       "torch sees one)")
+
+
 def _allow_positional_after_list(p: argparse.ArgumentParser, positional: str, listed: str) -> None:
     """Let ``p``'s one positional (declared ``nargs="?"``) also come after its list option, as it could before that
     option took several values: ``index --images photos/ RUN`` gave argparse's "required: run_dir", since ``+`` took
@@ -147,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pca-dim", type=POSITIVE_INT, default=512, help="dimension kept by that PCA (default 512)")
     p.add_argument("--quiet", action="store_true")
     _add_rerank_options(p)
+    _add_inference_options(p)
     p.set_defaults(func=commands.cmd_evaluate)
 
     p = sub.add_parser("embed", help="embed images with a trained run; writes an (N, D) .npy")
@@ -157,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True,
                    help="the .npy file to write (the image paths go beside it: feat.npy, feat.paths.txt)")
     _add_run_options(p)
+    _add_inference_options(p)
     p.set_defaults(func=commands.cmd_embed)
     _allow_positional_after_list(p, "run_dir", "images")
 
@@ -204,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pq-m", type=POSITIVE_INT,
                    help="IVF-PQ codes per vector; must divide the dimension (default D / 8)")
     _add_run_options(p)
+    _add_inference_options(p)
     p.set_defaults(func=commands.cmd_index)
     _allow_positional_after_list(p, "run_dir", "images")
 
@@ -218,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "results [{id, name, score}]")
     p.add_argument("--quiet", action="store_true", help="no progress bar while several queries are embedded")
     _add_rerank_options(p)
+    _add_inference_options(p, device=True)
     p.set_defaults(func=commands.cmd_search)
     _allow_positional_after_list(p, "index_dir", "image")
 
@@ -241,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=COUNT, default=16, help="requests waiting beyond those before 503 (default 16)")
     p.add_argument("--timeout", type=POSITIVE, default=30.0, help="seconds before a request is answered 503 (30)")
     p.add_argument("--max-k", type=POSITIVE_INT, default=100, help="largest k a client may ask for (default 100)")
+    _add_inference_options(p, device=True)
     p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser("study", help="run a grid of runs (resumable) and aggregate their test metrics",

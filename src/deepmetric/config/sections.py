@@ -185,6 +185,17 @@ class EvalConfig:
     recall_at: list[int] | None = None
     """Ranks K of Recall@K; None uses the data set's standard ranks."""
     batch_size: int = 128
+    amp: bool | str = False
+    """Mixed precision of every embedding pass (validation, test, ``embed``, ``index``, ``search``, ``serve``;
+    ``models/inference.py``): ``bf16`` (bfloat16 autocast; ``true`` means the same), ``fp16`` (float16 autocast) or
+    ``false`` (float32). Embeddings come back float32 and l2-normalised; their rankings may differ from float32's
+    where two similarities differ by less than the low precision's rounding. For GPUs: on a CPU without bfloat16
+    arithmetic bf16 was 8 times slower than float32 (docs/benchmarks/inference.md)."""
+    compile: bool = False
+    """Compile the model of every embedding pass with ``torch.compile`` (``models/compiled.py``): the same embeddings
+    up to float, after a first batch that compiles (and the first of another size); falls back to eager in one
+    warning where the model cannot be compiled. On 2 CPU cores Lite0 embedded 1.8 times as fast after 90 s of
+    compiling (docs/benchmarks/inference.md)."""
     nmi: bool = True
     engine: str = "auto"
     """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products), faiss or cuda (torch on the GPU);

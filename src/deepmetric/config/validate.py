@@ -144,15 +144,26 @@ def _validate_memory(config: RunConfig) -> None:
                           "SOP iterations) or set loss.memory.size=0")
 
 
-def amp_mode(value: Any) -> str | Literal[False]:
-    """``train.amp`` as the trainer reads it: ``fp16``, ``bf16`` (``true`` too: the setting was a switch for
-    bfloat16 before fp16 came, and run folders keep ``amp: true``) or False; anything else is refused, naming the
-    choices."""
+def amp_mode(value: Any, key: str = "train.amp") -> str | Literal[False]:
+    """``train.amp`` (or ``eval.amp``: ``key``) as the trainer reads it: ``fp16``, ``bf16`` (``true`` too: the
+    setting was a switch for bfloat16 before fp16 came, and run folders keep ``amp: true``) or False; anything else
+    is refused, naming the choices."""
     if isinstance(value, bool):
         return "bf16" if value else False
     if isinstance(value, str) and value.lower() in AMP_MODES:
         return value.lower()
-    raise ConfigError(f"train.amp must be one of {', '.join(AMP_MODES)}, false (true means bf16), got {value!r}")
+    raise ConfigError(f"{key} must be one of {', '.join(AMP_MODES)}, false (true means bf16), got {value!r}")
+
+
+def set_inference(config: Any, amp: str | bool | None = None, compile: bool | None = None) -> None:
+    """Set ``config.eval.amp`` (``bf16``, ``fp16``, False) and ``config.eval.compile`` for the embedding passes that
+    read ``config`` (a command's ``--amp`` and ``--compile``, ``TrainedRun.set_inference``); None keeps a setting."""
+    if amp is not None:
+        config.eval.amp = amp_mode(amp, "amp")
+    if compile is not None:
+        if not isinstance(compile, bool):
+            raise ConfigError(f"compile must be True or False, not {compile!r}")
+        config.eval.compile = compile
 
 
 def _validate_train(t: TrainConfig) -> None:
@@ -188,6 +199,7 @@ def _validate_train(t: TrainConfig) -> None:
 
 
 def _validate_eval(e: EvalConfig) -> None:
+    e.amp = amp_mode(e.amp, "eval.amp")
     if e.engine not in KNN_ENGINES:
         raise ConfigError(f"eval.engine must be one of {', '.join(KNN_ENGINES)}, got '{e.engine}'")
     if e.recall_at is not None and any(k < 1 for k in e.recall_at):

@@ -14,6 +14,7 @@ from ..data.torch_dataset import ImageDataset, inference_loader
 from ..data.transforms import TestTransform
 from ..distributed import DistContext, gather_rows, shard_rows
 from ..models.heads import HeadOutput
+from ..models.inference import InferenceForward
 from ..models.modes import eval_mode
 from ..progress import progress_bar
 from .metrics import PerQuery, compute_metrics_per_query
@@ -33,6 +34,8 @@ class EmbedSettings:
             for ``device``).
         pin_memory: page-locked batches (``data.pin_memory``; None: on a GPU only).
         progress: show a progress bar.
+        amp: the forward pass under ``bf16`` or ``fp16`` autocast, or None for float32 (``eval.amp``).
+        compile: the model through ``torch.compile`` (``eval.compile``).
     """
 
     image_size: int
@@ -42,14 +45,21 @@ class EmbedSettings:
     num_workers: int | None = 0
     progress: bool = True
     pin_memory: bool | None = None
+    amp: str | None = None
+    compile: bool = False
 
     @classmethod
     def from_config(cls, config: Any, device: str | torch.device, progress: bool = True,
                     batch_size: int | None = None) -> EmbedSettings:
         """The settings of a run's config (``data`` and ``eval`` sections) on ``device``."""
-        d = config.data
-        return cls(d.image_size, d.test_resize, batch_size or config.eval.batch_size, device, d.num_workers, progress,
-                   d.pin_memory)
+        d, e = config.data, config.eval
+        amp = e.amp if isinstance(e.amp, str) else ("bf16" if e.amp else None)  # (``true``: bf16, as train.amp)
+        return cls(d.image_size, d.test_resize, batch_size or e.batch_size, device, d.num_workers, progress,
+                   d.pin_memory, amp, bool(e.compile))
+
+    def forward(self, model: torch.nn.Module) -> InferenceForward:
+        """What the embedding pass calls on each batch: ``model`` under these settings' autocast and compile."""
+        return InferenceForward(model, self.device, self.amp, self.compile)
 
 
 @torch.no_grad()
@@ -65,11 +75,12 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalTable, settings: Embed
     dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(settings.image_size, settings.test_resize)),
                                       rows.tolist())
     loader = inference_loader(dataset, settings.batch_size, settings.num_workers, settings.pin_memory, settings.device)
+    forward = settings.forward(model)
     chunks: dict[str, list[torch.Tensor]] = {}
     with eval_mode(model):
         for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not settings.progress,
                                          leave=False):
-            for name, value in select(model(images.to(settings.device, non_blocking=True))).items():
+            for name, value in select(forward(images.to(settings.device, non_blocking=True))).items():
                 chunks.setdefault(name, []).append(value.float().cpu())
     return {name: gather_rows(torch.cat(values).to(settings.device), len(table), context).cpu().numpy()
             for name, values in chunks.items()}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.validate import set_inference
 from ..data.listing import (
     LIST_SUFFIXES,
     files_table,
@@ -102,12 +103,15 @@ def check_same_model(manifest: IndexManifest, model: dict[str, Any], index_dir: 
 
 def index_images(run_dir: str | Path, images: str | Path | Sequence[str | Path], out: str | Path, kind: str = "flat",
                  add: bool = False, nlist: int | None = None, pq_m: int | None = None, which: str = "auto",
-                 batch_size: int | None = None, progress: bool = True) -> IndexResult:
+                 batch_size: int | None = None, progress: bool = True, amp: str | bool | None = None,
+                 compile: bool | None = None) -> IndexResult:
     """Embed the gallery ``images`` (one or several, as ``gallery_files`` takes them) with the run's model and write
-    the index ``out`` (or append with ``add``). A file given twice (a folder and an image in it) is indexed once."""
+    the index ``out`` (or append with ``add``). A file given twice (a folder and an image in it) is indexed once.
+    ``amp`` and ``compile`` set the pass's ``eval.amp`` and ``eval.compile`` (None: the run's)."""
     out = Path(out)
     faiss_index.faiss_module()  # fail before embedding when faiss is missing
     config = RunDir(run_dir).config()
+    set_inference(config, amp, compile)
     checkpoint = RunDir(run_dir).checkpoint(which)
     model_info = model_record(run_dir, checkpoint, config.data.image_size, config.data.test_resize)
     manifest = None

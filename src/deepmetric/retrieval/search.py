@@ -131,9 +131,11 @@ def index_run(index_dir: str | Path, model_info: dict[str, Any], device: str | t
 class Searcher(IndexSearcher):
     """An index with its model (a ``TrainedRun``, ``run``): search by image (array or file)."""
 
-    def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True):
+    def __init__(self, index_dir: str | Path, device: str | torch.device = "cpu", verify_checkpoint: bool = True,
+                 amp: str | bool | None = None, compile: bool | None = None):
         super().__init__(index_dir, model=True)  # the model record checked, its paths found where the index is now
         self.run = index_run(Path(index_dir), self.manifest.model, device, verify_checkpoint)
+        self.run.set_inference(amp, compile)  # (None keeps the run's eval.amp / eval.compile)
         self.transform = TestTransform(self.run.image_size, self.run.test_resize)
 
     @property
@@ -148,7 +150,7 @@ class Searcher(IndexSearcher):
     def embed(self, image: np.ndarray) -> np.ndarray:
         """(D,) l2-normalised embedding of one (H, W, 3) uint8 image."""
         batch = self.transform(image).unsqueeze(0).to(self.device)
-        return self.model(batch).embedding[0].float().cpu().numpy()
+        return self.run.forward(batch).embedding[0].float().cpu().numpy()
 
     def search_image(self, image: np.ndarray, k: int = 10) -> list[Hit]:
         return self.search_vectors(self.embed(image)[None], k)[0]

@@ -221,13 +221,15 @@ def create_app(searcher: Any, limits: ServiceLimits | None = None, hosts: HostCh
 
 
 def serve(index_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: ServiceLimits | None = None,
-          allowed_hosts: Iterable[str] = ()) -> None:
-    """Load the index and its model, then serve until interrupted, answering requests for the bound name
+          allowed_hosts: Iterable[str] = (), device: str = "cpu", amp: str | None = None,
+          compile: bool | None = None) -> None:
+    """Load the index and its model (on ``device``, embedding queries under ``amp``'s autocast, compiled with
+    ``compile``: ``Searcher``), then serve until interrupted, answering requests for the bound name
     (``HostCheck.for_bind``) and ``allowed_hosts``."""
     from .search import Searcher
 
     hosts = HostCheck.for_bind(host, allowed_hosts)  # a bad name is refused before the index is loaded
-    searcher = Searcher(index_dir)
+    searcher = Searcher(index_dir, device, amp=amp, compile=compile)
     if not is_loopback(host):
         log.warning("serving on %s: every machine that can reach this port can query the index and read "
                     "thumbnails of every indexed image", host)

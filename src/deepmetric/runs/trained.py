@@ -14,11 +14,13 @@ import numpy as np
 import torch
 
 from ..config import RunConfig
+from ..config.validate import set_inference
 from ..data.image_inputs import ImageInput, ImagesTable, image_items
 from ..devices import resolve_device
 from ..errors import CheckpointError, DataError
 from ..evaluation import EmbedSettings, embed_table
 from ..models import Embedder
+from ..models.inference import InferenceForward
 from .folder import CHECKPOINTS, RunDir
 from .model import model_from_checkpoint
 
@@ -62,6 +64,7 @@ class TrainedRun:
         self.device = device
         self.image_size: int = config.data.image_size if image_size is None else int(image_size)
         self.test_resize: str = config.data.test_resize if test_resize is None else test_resize
+        self._forward: tuple[tuple[Any, ...], InferenceForward] | None = None
 
     @property
     def embedding_dim(self) -> int:
@@ -84,6 +87,27 @@ class TrainedRun:
             self.model.to(target)
             self.device = target
         return self
+
+    def set_inference(self, amp: str | bool | None = None, compile: bool | None = None) -> TrainedRun:
+        """Embed from now on under ``amp``'s autocast (``bf16``, ``fp16``; ``False`` for float32) and, with
+        ``compile``, through ``torch.compile`` (the run's ``eval.amp`` and ``eval.compile``; None keeps its setting);
+        returns the run. Embeddings stay float32 and l2-normalised.
+
+        Examples:
+            >>> run = deepmetric.load_run("runs/cub", device="cuda").set_inference(amp="bf16", compile=True)
+        """
+        set_inference(self.config, amp, compile)
+        return self
+
+    @property
+    def forward(self) -> InferenceForward:
+        """``model(images)`` as the embedding pass calls it: under the run's ``eval.amp``, compiled with
+        ``eval.compile`` (compiled once, reused while the device and settings stay)."""
+        settings = EmbedSettings.from_config(self.config, self.device, False)
+        key = (self.device, settings.amp, settings.compile)
+        if self._forward is None or self._forward[0] != key:
+            self._forward = key, settings.forward(self.model)
+        return self._forward[1]
 
     def embed_settings(self, count: int, batch_size: int | None = None, progress: bool | None = None) -> EmbedSettings:
         """How ``count`` images are embedded: the run's settings, as ``deepmetric embed`` takes them

@@ -1,7 +1,8 @@
 """``deepmetric train --nproc N``: run N training processes on this machine under torch.distributed.
 
 The same as ``torchrun --nproc-per-node N -m deepmetric train ...`` without torchrun: each process gets the
-rendezvous environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) and calls
+rendezvous environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``) and calls
 ``train``; the CPU cores are split between the processes unless ``train.threads`` says otherwise.
 """
 
@@ -21,7 +22,7 @@ from ..errors import DeepMetricError
 
 def _worker(rank: int, world: int, port: int, config: dict[str, Any], out: str, resume: bool, progress: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     resolved = config_from_dict(config)
     if not resolved.train.threads:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
