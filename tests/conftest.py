@@ -21,6 +21,19 @@ def blob_table() -> RetrievalTable:
     return make_table()
 
 
+@pytest.fixture
+def aot_eager_compile(monkeypatch):
+    """``torch.compile`` with the ``aot_eager`` backend (``models/compiled.py``'s ``BACKEND``): dynamo and AOTAutograd
+    trace the graphs inductor would compile, without the minutes of code generation a CPU needs; dynamo's caches
+    emptied before and after."""
+    import deepmetric.models.compiled as compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A run directory of the tiny test backbone trained for 2 steps (16-d embeddings, 16 px images)."""

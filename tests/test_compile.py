@@ -15,13 +15,7 @@ import deepmetric.models.compiled as compiled
 from deepmetric.training import train
 from helpers import checkpoint, tiny_config, train_straight_and_resumed
 
-
-@pytest.fixture(autouse=True)
-def fast_backend(monkeypatch):
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("aot_eager_compile")
 
 
 def losses(run):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -25,13 +26,7 @@ from deepmetric.evaluation.evaluator import embed_table
 from deepmetric.models import create_model
 from deepmetric.models.inference import InferenceForward
 
-
-@pytest.fixture(autouse=True)
-def fast_backend(monkeypatch):
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("aot_eager_compile")
 
 
 @pytest.fixture
@@ -124,13 +119,18 @@ def test_embed_index_search_and_evaluate_take_amp_and_compile(tiny_run, tmp_path
                  "--amp", "bf16", "--compile"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["name"] == "3.png"  # the query finds itself
 
-    before = (tiny_run / "config.yaml").read_text()
-    assert main(["evaluate", str(tiny_run), "--quiet", "--amp", "fp16"]) == 0
-    record = json.loads((tiny_run / "metrics.json").read_text())
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["evaluate", str(run), "--quiet"]) == 0
+    before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.json")}
+    assert "embedding" not in json.loads(before["metrics.json"])  # float32 eager, the default: as before
+    assert main(["evaluate", str(run), "--quiet", "--amp", "fp16"]) == 0
+    record = json.loads((run / "metrics-fp16.json").read_text())  # another precision: a file of its own
     assert record["embedding"] == {"amp": "fp16", "compile": False}  # the record says how it was embedded
-    assert main(["evaluate", str(tiny_run), "--quiet"]) == 0
-    assert "embedding" not in json.loads((tiny_run / "metrics.json").read_text())  # float32 eager: as before
-    assert (tiny_run / "config.yaml").read_text() == before  # the run's own setting is not changed
+    assert (run / "per-query-fp16.npz").is_file() and (run / "metrics.json").read_bytes() == before["metrics.json"]
+    assert main(["evaluate", str(run), "--quiet", "--compile"]) == 0  # the run's precision: its own record
+    assert json.loads((run / "metrics.json").read_text())["embedding"] == {"amp": None, "compile": True}
+    assert (run / "config.yaml").read_bytes() == before["config.yaml"]  # the run's own setting is not changed
 
 
 def test_a_trained_run_embeds_with_its_inference_settings(tiny_run, blob_table):

@@ -67,7 +67,9 @@ def evaluate_run(run_dir: str | Path, data_spec: str | None = None, which: str =
     per-query file.
 
     ``amp`` and ``compile`` set the embedding pass's ``eval.amp`` and ``eval.compile`` (None: the run's); a record
-    embedded under autocast says so (``embedding``)."""
+    embedded under autocast or compiled says so (``embedding``), and one under another precision than the run's own
+    goes to a file of its own, ``metrics-<amp>.json`` (``bf16``, ``fp16``, or ``fp32`` for a run whose own is not),
+    with its per-query file."""
     return evaluate_run_embeddings(run_dir, data_spec, which, progress, rerank, amp, compile)[0]
 
 
@@ -82,6 +84,7 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
     if data_spec:
         config.data.spec = data_spec
         config.data.val_fraction = 0.0
+    own_amp = config.eval.amp
     set_inference(config, amp, compile)
     check_data_path(config.data.spec)  # before the model is loaded
     device = resolve_device(config.train.device)
@@ -103,6 +106,8 @@ def evaluate_run_embeddings(run_dir: str | Path, data_spec: str | None = None, w
         record = _test_record(config, table, checkpoint, checkpoint_state(checkpoint), device, **results,
                               queries_sha256=identity["queries_sha256"])
         target = run.test_metrics_of(checkpoint, other_data)
+        if config.eval.amp != own_amp:  # another precision than the run's own: a file of its own
+            target = target.with_name(f"{target.stem}-{config.eval.amp or 'fp32'}.json")
         if rerank is not None:
             target = target.with_name(f"{target.stem}-rerank-{rerank.method}.json")
         save_per_query(per_query_path(target), per_query, identity)  # first: metrics.json marks the run finished
