@@ -46,6 +46,8 @@ def test_a_gpu_that_is_not_there_is_one_clear_error(two_gpus, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(DeepMetricError, match="train.device=cuda but torch sees no CUDA device"):
         resolve_device("cuda")
+    with pytest.raises(DeepMetricError, match="^device=cuda but torch sees no CUDA device"):
+        resolve_device("cuda", setting="device")  # a command's --device (search, serve) or load_run(device=...)
     assert resolve_device("auto") == torch.device("cpu")
 
 

@@ -82,7 +82,7 @@ class TrainedRun:
         Examples:
             >>> run = deepmetric.load_run("runs/cub").to("cpu")
         """
-        target = resolve_device(str(device))
+        target = resolve_device(str(device), setting="device")
         if target != self.device:
             self.model.to(target)
             self.device = target
@@ -179,7 +179,8 @@ def open_run(run_dir: RunDir, config: RunConfig, checkpoint: str | os.PathLike[s
              test_resize: str | None = None) -> TrainedRun:
     """``load_run`` of a run whose config was read already (``config.yaml`` is read once), embedding at
     ``image_size`` with ``test_resize`` when given (an index's, which its gallery was embedded at), else the run's."""
-    target = resolve_device(config.train.device if device is None else str(device))
+    target = (resolve_device(config.train.device) if device is None
+              else resolve_device(str(device), setting="device"))
     if str(checkpoint) in CHECKPOINTS:
         file = run_dir.checkpoint(str(checkpoint))
     else:
