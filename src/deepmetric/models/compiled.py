@@ -5,12 +5,15 @@
 ``torch.compile`` wraps the module in a new callable that shares its parameters, so checkpoints, resume and export
 see the plain module, its state-dict keys unchanged. A model that cannot be compiled (an operation dynamo does not
 support, a backend that fails, no C++ compiler for inductor on a CPU) fails at its first call: that call and every
-later one then run eagerly, after one warning naming the option and the reason.
+later one then run eagerly, after one warning naming the option and the reason. The failure is remembered for that
+module and option, so a later ``CompiledForward`` of them (each validation pass under ``eval.compile`` makes one) runs
+eagerly at once, without compiling and failing again, or warning again.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -21,6 +24,9 @@ log = logging.getLogger("deepmetric")
 BACKEND = "inductor"
 """The ``torch.compile`` backend (tests use ``aot_eager``, which traces the same graphs without generating code)."""
 
+_FAILED: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+"""The options under which each module (held weakly) failed to compile in this process."""
+
 
 class CompiledForward:
     """Calls ``torch.compile(module)``; when compiling fails, warns once (naming ``option``, the setting that asked for
@@ -30,7 +36,7 @@ class CompiledForward:
         self.module = module
         self.option = option
         self.then = then
-        self.compiled: Any = torch.compile(module, backend=BACKEND)
+        self.compiled: Any = None if option in _FAILED.get(module, ()) else torch.compile(module, backend=BACKEND)
 
     @property
     def active(self) -> bool:
@@ -49,6 +55,7 @@ class CompiledForward:
             log.warning("%s: the model cannot be compiled (%s: %s); %s", self.option, type(failure).__name__, reason,
                         self.then)
             self.compiled = None
+            _FAILED.setdefault(self.module, set()).add(self.option)
             return self.module(*args, **kwargs)
 
 
