@@ -623,3 +623,34 @@ def test_output_cut_by_a_closed_pipe_ends_quietly():
     done = subprocess.run(["bash", "-c", f"set -o pipefail; {shell}"], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert len(done.stdout) == 10
+
+
+def test_a_key_value_inside_a_regulariser_sets_that_value_and_keeps_the_others(tmp_path, monkeypatch):
+    """``loss.regularizers.NAME.weight=...`` (what ``--regularizer``'s help advises) sets one value: the config's other
+    regularisers and this one's other options stay (a layer replaces ``loss.regularizers`` whole: nested alone, the
+    override once dropped them)."""
+    import deepmetric.training.session as session
+    from helpers import tiny_config
+
+    class Built(Exception):
+        pass
+
+    def build_model(config):
+        raise Built(config)
+
+    monkeypatch.setattr(session, "build_model", build_model)
+    config = tiny_config(model={"head": "abe", "head_options": {"num_learners": 2}},
+                         loss={"regularizers": {"divergence": {"weight": 1.0, "margin": 0.5},
+                                                "activation-decay": {"weight": 0.01}}})
+    (tmp_path / "abe.yaml").write_text(yaml.safe_dump(config.to_dict()))
+    with pytest.raises(Built) as built:
+        main(["train", "--config", str(tmp_path / "abe.yaml"), "--out", str(tmp_path / "run"), "--quiet",
+              "loss.regularizers.divergence.weight=0.25", "model.head_options.num_learners=3"])
+    trained = built.value.args[0]
+    assert trained.loss.regularizers == {"divergence": {"weight": 0.25, "margin": 0.5},
+                                         "activation-decay": {"weight": 0.01}}
+    assert trained.model.head_options == {"num_learners": 3}
+    with pytest.raises(Built) as built:  # a whole mapping still replaces the setting, as in a config file
+        main(["train", "--config", str(tmp_path / "abe.yaml"), "--out", str(tmp_path / "run2"), "--quiet",
+              "loss.regularizers={divergence: {weight: 0.5}}"])
+    assert built.value.args[0].loss.regularizers == {"divergence": {"weight": 0.5}}

@@ -10,6 +10,8 @@ import shutil
 import pytest
 import yaml
 
+from deepmetric.config import build_config
+from deepmetric.config.layers import dotted_layer
 from deepmetric.errors import ConfigError
 from deepmetric.runs.folder import RunDir
 from deepmetric.studies import load_study, run_study
@@ -187,6 +189,36 @@ def test_a_diverging_trial_counts_with_what_it_reached(tmp_path, monkeypatch):
     trials = trials_of(spec, "gap")
     assert [t.score for t in trials] == [0.0, 0.0, 0.0] and all("nan" in t.failed for t in trials)
     assert "3 of 3 (3 diverged)" in paths["md"].read_text()
+
+
+def test_a_searched_regulariser_weight_keeps_the_variants_other_regularisers_and_options(tmp_path):
+    """A layer replaces ``loss.regularizers`` whole: a trial's ``loss.regularizers.deml-hinge.weight`` once dropped the
+    variant's activation decay and row norm (icons-cpu-64px's DeML trials, 2026-11-28). Each searched key sets one
+    value, in the trials and in the seeds that train with the best trial's."""
+    regularizers = {"divergence": {"weight": 1.0, "margin": 0.5}, "activation-decay": {"weight": 0.01}}
+    spec = load_study(write_study(tmp_path, variants={
+        "gap": {}, "abe": {"model.head": "abe", "model.head_options": {"num_learners": 2},
+                           "loss.regularizers": regularizers}}))
+    config = build_config(*spec.trial_layers("abe", {"loss.regularizers.divergence.weight": 0.1, "train.lr": 0.002}))
+    assert config.loss.regularizers == {"divergence": {"weight": 0.1, "margin": 0.5},
+                                        "activation-decay": {"weight": 0.01}}
+    assert config.train.lr == 0.002 and config.model.head_options == {"num_learners": 2}
+    spec.tuned["abe"] = spec.trial_layers("abe", {"loss.regularizers.divergence.weight": 0.1})[-1]
+    seed = next(run for run in spec.runs() if run.variant == "abe")
+    assert build_config(*seed.layers).loss.regularizers["activation-decay"] == {"weight": 0.01}
+
+
+def test_dotted_keys_set_one_value_each_over_the_resolved_config():
+    resolved = {"loss": {"regularizers": {"horde": {"orders": 5, "weight": 1.0}, "divergence": {"weight": 1.0}}},
+                "model": {"head_options": {"alpha": 10.0, "num_entries": 8}}}
+    layer = dotted_layer({"loss.regularizers.horde.weight": 0.3, "loss.regularizers.divergence.weight": 0.2,
+                          "model.head_options.alpha": 2.0, "train.lr": 0.1, "data.spec": "icons"}, resolved)
+    assert layer == {"loss": {"regularizers": {"horde": {"orders": 5, "weight": 0.3}, "divergence": {"weight": 0.2}}},
+                     "model": {"head_options": {"alpha": 2.0, "num_entries": 8}},
+                     "train": {"lr": 0.1}, "data": {"spec": "icons"}}
+    assert dotted_layer({"loss.regularizers.horde.weight": 0.3}, {"loss": {"regularizers": None}}) == {
+        "loss": {"regularizers": {"horde": {"weight": 0.3}}}}  # nothing to keep: the key alone
+    assert resolved["loss"]["regularizers"]["horde"]["weight"] == 1.0  # the resolved config is left as it was
 
 
 def test_the_seeds_of_a_variant_wait_for_its_tuning(tmp_path):

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import build_config, load_yaml, merge_layers, parse_override
+from ..config import build_config, load_yaml, merge_layers
+from ..config.layers import dotted_layer, parse_setting
 from ..config.validate import SELECT_BY
 from ..errors import ConfigError, DeepMetricError, MissingDataPath
 from .commands import say
@@ -31,7 +32,22 @@ def default_run_name(config: Any, now: float | None = None) -> str:
                      part(config.model.head)])
 
 
-def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _settings(overrides: list[str]) -> dict[str, Any]:
+    """The command line's ``key=value`` settings, in order (the last of a key given twice wins)."""
+    settings: dict[str, Any] = {}
+    for text in overrides:
+        if "=" not in text:
+            _refuse_positional(text)
+        key, value = parse_setting(text)
+        settings.pop(key, None)
+        settings[key] = value
+    return settings
+
+
+def _train_layers(args: argparse.Namespace, base: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The command line's layers over ``base`` (the config file's, or the resumed run's): its flags, then its
+    ``key=value`` ``settings``, each setting one value (``loss.regularizers.horde.weight=0.5`` keeps HORDE's other
+    options and the other regularisers: ``dotted_layer``)."""
     flags: dict[str, Any] = {}
     pairs = [("data", "spec", args.data), ("model", "backbone", args.backbone), ("model", "head", args.head),
              ("loss", "name", args.loss), ("train", "steps", args.steps), ("generator", "name", args.generator)]
@@ -42,17 +58,12 @@ def _train_layers(args: argparse.Namespace) -> list[dict[str, Any]]:
     for section, key, value in pairs:
         if value is not None:
             flags.setdefault(section, {})[key] = value
-    overrides: dict[str, Any] = {}
-    for text in args.overrides:
-        if "=" not in text:
-            _refuse_positional(text)
-        overrides = merge_layers(overrides, parse_override(text))
-    return [flags, overrides]
+    return [flags, dotted_layer(settings, merge_layers(base, flags))]
 
 
 def _refuse_positional(text: str) -> None:
     """``deepmetric train cub-googlenet-binomial`` (a preset or a config file) and ``deepmetric train runs/x`` (a
-    run) put where a ``key=value`` goes: say which flag takes it (parse_override's message says only the form)."""
+    run) put where a ``key=value`` goes: say which flag takes it (parse_setting's message says only the form)."""
     from ..presets import find_preset, resolve
 
     if (Path(text) / "config.yaml").is_file():
@@ -63,7 +74,7 @@ def _refuse_positional(text: str) -> None:
     except ConfigError:
         if find_preset(text, "study") is not None:
             raise  # "... is a study, not a run config: run it with deepmetric study NAME"
-        return  # parse_override's own message
+        return  # parse_setting's own message
     raise DeepMetricError(f"'{text}' is a config; train it with deepmetric train --config {text} (then key=value "
                           "overrides, e.g. train.steps=2000)")
 
@@ -124,7 +135,7 @@ def _resume_config(out: str, context: Any) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    layers = _train_layers(args)
+    settings = _settings(args.overrides)
     context = _torchrun_context()
     if args.resume:
         if not args.out:
@@ -132,10 +143,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config:
             raise DeepMetricError("--resume continues the run's saved config.yaml; change settings with "
                                   "key=value overrides instead of --config")
-        config = build_config(_resume_config(args.out, context), *layers)
+        base = _resume_config(args.out, context)
     else:
         base = load_yaml(args.config) if args.config else {}
-        config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
+    layers = _train_layers(args, base, settings)
+    config = build_config(base, *layers)  # a bad setting stops here, before the model code's imports (~5 s)
     from ..data import check_data_path
 
     def check_data() -> None:

@@ -38,8 +38,36 @@ def nest(dotted: str, value: Any) -> dict[str, Any]:
     return nested
 
 
+def dotted_layer(values: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """The layer that sets each dotted key of ``values`` and nothing else, over a config that the earlier layers
+    resolved to ``resolved`` (``RunConfig.to_dict()``).
+
+    A setting is ``section.name``. A key deeper than that (``loss.regularizers.deml-hinge.weight``,
+    ``model.head_options.alpha``) names one value inside a mapping setting; since a layer replaces a setting such as
+    ``loss.regularizers`` whole, the layer carries that setting as ``resolved`` has it, with the value changed: the
+    other regularisers and the other options of this one are kept. ``nest`` alone would drop them."""
+    layer: dict[str, Any] = {}
+    for key, value in values.items():
+        parts = str(key).split(".")
+        if len(parts) > 2:
+            section, name = parts[0], parts[1]
+            within = layer.get(section, {}).get(name) if isinstance(layer.get(section), dict) else None
+            if not isinstance(within, dict):
+                before = resolved.get(section)
+                within = before.get(name) if isinstance(before, dict) else None
+            if isinstance(within, dict):
+                key, value = f"{section}.{name}", merge_layers(within, nest(".".join(parts[2:]), value))
+        layer = merge_layers(layer, nest(str(key), value))
+    return layer
+
+
 def parse_override(text: str) -> dict[str, Any]:
     """``'train.lr=1e-4'`` -> ``{'train': {'lr': 0.0001}}`` (the value is read as YAML)."""
+    return nest(*parse_setting(text))
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """``'train.lr=1e-4'`` -> ``('train.lr', 0.0001)`` (the value is read as YAML)."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key=value")
     key, raw = text.split("=", 1)
@@ -52,7 +80,7 @@ def parse_override(text: str) -> dict[str, Any]:
         value = raw
     except MalformedFile as error:
         raise ConfigError(error.naming(f"override '{key}'")) from None
-    return nest(key, value)
+    return key, value
 
 
 def merge_layers(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

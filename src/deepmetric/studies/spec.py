@@ -44,8 +44,8 @@ from typing import Any
 
 import yaml
 
-from ..config import build_config, extended, load_yaml, merge_layers, nest
-from ..config.layers import read_yaml
+from ..config import build_config, extended, load_yaml, merge_layers
+from ..config.layers import dotted_layer, read_yaml
 from ..errors import ConfigError, did_you_mean
 from ..presets import resolve as resolve_preset
 from .search_space import TuneSpec, parse_tune
@@ -101,8 +101,10 @@ class StudySpec:
 
     def trial_layers(self, variant: str, values: dict[str, Any]) -> list[dict[str, Any]]:
         """The config layers of a tuning trial of ``variant``: the study's, the variant's, the command line's, then
-        the trial's ``values`` (dotted keys)."""
-        return [self.base, self.common, self.variants[variant], self.overrides, _dotted(values, "tune")]
+        the trial's ``values`` (dotted keys: each sets one value, ``dotted_layer``; a searched regulariser's weight
+        keeps the variant's other regularisers and options)."""
+        layers = [self.base, self.common, self.variants[variant], self.overrides]
+        return [*layers, _dotted(values, "tune", layers)]
 
     def runs(self, only: list[str] | tuple[str, ...] = ()) -> list[StudyRun]:
         """Every run (of the variants in ``only``, when given; a name that is no variant is refused), repeat by
@@ -133,14 +135,22 @@ def variant_hint(name: str, variants: dict[str, Any]) -> str:
     return f"{did_you_mean(name, variants)} (its variants: {', '.join(variants)})"
 
 
-def _dotted(mapping: dict[str, Any], where: str) -> dict[str, Any]:
-    """``{"train.steps": 3}`` -> ``{"train": {"steps": 3}}`` (values kept as given)."""
+def _dotted(mapping: dict[str, Any], where: str, below: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``{"train.steps": 3}`` -> ``{"train": {"steps": 3}}`` (values kept as given), over the layers ``below``: a key
+    deeper than a setting (``loss.regularizers.horde.weight``) sets that one value and keeps the rest of the setting
+    as ``below`` built it (``config.layers.dotted_layer``)."""
     if not isinstance(mapping, dict):
         raise ConfigError(f"study: '{where}' must be a mapping of config keys, got {mapping!r}")
-    nested: dict[str, Any] = {}
-    for key, value in mapping.items():
-        nested = merge_layers(nested, nest(str(key), value))
-    return nested
+    return dotted_layer(mapping, _resolved(below or []))
+
+
+def _resolved(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The config ``layers`` build, as a mapping (``RunConfig.to_dict()``); where they do not build alone (a
+    setting that a later layer completes), their merge."""
+    try:
+        return build_config(*layers).to_dict()
+    except ConfigError:
+        return _merged(layers)
 
 
 def _merged(layers: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> dict[str, Any]:
@@ -237,7 +247,8 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
     if not isinstance(variants_given, dict):
         raise ConfigError(f"study file {path}: 'variants' must map each variant's name to its overrides, got "
                           f"{variants_given!r}")
-    named = {str(k): _dotted(v or {}, f"variants.{k}") for k, v in variants_given.items()}
+    common = _dotted(data.get("set") or {}, "set", [base])
+    named = {str(k): _dotted(v or {}, f"variants.{k}", [base, common]) for k, v in variants_given.items()}
     grid = data.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"study file {path}: 'grid' must map config keys to non-empty lists")
@@ -246,7 +257,8 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
         for combination in itertools.product(*grid.values()) if grid else [()]:
             cell = dict(zip(grid, combination, strict=True))
             label = "-".join(p for p in [variant, *(_label(v) for v in cell.values())] if p) or "base"
-            variants[_check_label(label, path)] = merge_layers(overrides, _dotted(cell, "grid"))
+            cell_layer = _dotted(cell, "grid", [base, common, overrides])
+            variants[_check_label(label, path)] = merge_layers(overrides, cell_layer)
     if "seeds" in data and "splits" in data:
         raise ConfigError(f"study file {path}: give 'seeds' or 'splits', not both")
     protocol = "splits" if "splits" in data else "seeds"
@@ -277,7 +289,7 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
                           f"draw their own validation classes already), got {seed_validation!r}")
     tune = parse_tune(data["tune"], path, list(variants)) if "tune" in data else None
     spec = StudySpec(name=name, base=base, out=Path(out).expanduser(),
-                     common=_dotted(data.get("set") or {}, "set"), variants=variants, repeats=repeats,
+                     common=common, variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
                      record=record_dir, compare=compare, seed_validation=seed_validation, tune=tune)
