@@ -281,6 +281,28 @@ def test_command_line_overrides_reach_every_run_after_the_studys_settings(tmp_pa
     assert {build_config(*r.layers).model.head for r in spec.runs()} == {"gap", "abe"}  # variants still differ
 
 
+def test_a_key_inside_a_regulariser_sets_one_value_in_set_variants_grid_and_the_command_line(tmp_path):
+    """``loss.regularizers.NAME.KEY`` sets that value over what the layers below built, wherever a study gives it: the
+    variant's other regularisers and this one's other options stay (a layer replaces ``loss.regularizers`` whole)."""
+    from deepmetric.cli import main
+    from deepmetric.config import build_config
+    from deepmetric.config.layers import parse_settings
+
+    regularizers = {"divergence": {"weight": 1.0, "margin": 0.5}, "activation-decay": {"weight": 0.01}}
+    path = write_study(tmp_path, variants={"abe": {"model.head": "abe", "model.head_options": {"num_learners": 2},
+                                                   "loss.regularizers": regularizers,
+                                                   "loss.regularizers.activation-decay.weight": 0.02}},
+                       grid={"loss.regularizers.divergence.margin": [0.25, 0.75]})
+    spec = load_study(path, settings=parse_settings(["loss.regularizers.divergence.weight=0.3", "train.steps=3"]))
+    built = {run.variant: build_config(*run.layers) for run in spec.runs()}
+    for margin in (0.25, 0.75):
+        config = built[f"abe-{margin}"]
+        assert config.loss.regularizers == {"divergence": {"weight": 0.3, "margin": margin},
+                                            "activation-decay": {"weight": 0.02}}
+        assert config.train.steps == 3
+    assert main(["study", str(path), "--dry-run", "loss.regularizers.divergence.weight=0.3"]) == 0
+
+
 def test_an_inline_base_is_a_config_and_a_bad_base_one_line(tmp_path):
     base = tiny_config(train={"steps": 2}).to_dict()
     spec = load_study(write_study(tmp_path, base=base))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import parse_override
+from ..config.layers import parse_settings
 from ..errors import DeepMetricError
 from ..io.strict import to_json
 
@@ -197,7 +197,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         log.info("study %s: loading the models' code, then each run is checked in turn", args.file)
     from ..studies import load_study, run_study
 
-    spec = load_study(args.file, [parse_override(text) for text in args.overrides])
+    spec = load_study(args.file, settings=parse_settings(args.overrides))
     if args.out:
         spec.out = Path(args.out)
     only = [name.strip() for name in (args.only or "").split(",") if name.strip()]

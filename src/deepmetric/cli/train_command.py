@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import build_config, load_yaml, merge_layers
-from ..config.layers import dotted_layer, parse_setting
+from ..config.layers import dotted_layer, parse_settings
 from ..config.validate import SELECT_BY
 from ..errors import ConfigError, DeepMetricError, MissingDataPath
 from .commands import say
@@ -33,15 +33,12 @@ def default_run_name(config: Any, now: float | None = None) -> str:
 
 
 def _settings(overrides: list[str]) -> dict[str, Any]:
-    """The command line's ``key=value`` settings, in order (the last of a key given twice wins)."""
-    settings: dict[str, Any] = {}
+    """The command line's ``key=value`` settings, in order (``parse_settings``); a preset, config or run given where
+    a ``key=value`` goes is named first."""
     for text in overrides:
         if "=" not in text:
             _refuse_positional(text)
-        key, value = parse_setting(text)
-        settings.pop(key, None)
-        settings[key] = value
-    return settings
+    return parse_settings(overrides)
 
 
 def _train_layers(args: argparse.Namespace, base: dict[str, Any], settings: dict[str, Any]) -> list[dict[str, Any]]:

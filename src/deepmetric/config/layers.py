@@ -66,6 +66,17 @@ def parse_override(text: str) -> dict[str, Any]:
     return nest(*parse_setting(text))
 
 
+def parse_settings(texts: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``['train.lr=1e-4', 'data.image_size=64']`` -> ``{'train.lr': 0.0001, 'data.image_size': 64}``, in order (the
+    last of a key given twice wins); ``dotted_layer`` makes them a layer."""
+    settings: dict[str, Any] = {}
+    for text in texts:
+        key, value = parse_setting(text)
+        settings.pop(key, None)
+        settings[key] = value
+    return settings
+
+
 def parse_setting(text: str) -> tuple[str, Any]:
     """``'train.lr=1e-4'`` -> ``('train.lr', 0.0001)`` (the value is read as YAML)."""
     if "=" not in text:

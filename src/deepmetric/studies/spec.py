@@ -79,7 +79,10 @@ class StudySpec:
     split_fraction: float = 0.5
     all_embeddings: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
-    """``key=value`` overrides from the command line, over every variant's settings."""
+    """Config layers given with the study (``load_study``'s ``command_line``), over every variant's settings."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """``key=value`` settings from the command line (dotted keys), last over every run's layers: each sets one value
+    (``dotted_layer``; a regulariser's weight keeps the run's other regularisers)."""
     record: Path | None = None
     """Where each finished run's small files are kept as well (``studies.record``), or none."""
     compare: list[str] = field(default_factory=list)
@@ -103,8 +106,12 @@ class StudySpec:
         """The config layers of a tuning trial of ``variant``: the study's, the variant's, the command line's, then
         the trial's ``values`` (dotted keys: each sets one value, ``dotted_layer``; a searched regulariser's weight
         keeps the variant's other regularisers and options)."""
-        layers = [self.base, self.common, self.variants[variant], self.overrides]
+        layers = self._with_settings([self.base, self.common, self.variants[variant], self.overrides])
         return [*layers, _dotted(values, "tune", layers)]
+
+    def _with_settings(self, layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``layers`` and, over them, the command line's ``settings`` (when there are any)."""
+        return [*layers, _dotted(self.settings, "command line", layers)] if self.settings else layers
 
     def runs(self, only: list[str] | tuple[str, ...] = ()) -> list[StudyRun]:
         """Every run (of the variants in ``only``, when given; a name that is no variant is refused), repeat by
@@ -125,8 +132,9 @@ class StudySpec:
                     per_repeat = {"train": {"seed": repeat}}
                     if self.seed_validation:
                         per_repeat["data"] = {"val_seed": repeat}
-                runs.append(StudyRun(variant, repeat, [self.base, self.common, overrides,
-                                                       self.tuned.get(variant, {}), self.overrides, per_repeat]))
+                layers = self._with_settings([self.base, self.common, overrides, self.tuned.get(variant, {}),
+                                              self.overrides])
+                runs.append(StudyRun(variant, repeat, [*layers, per_repeat]))
         return runs
 
 
@@ -222,9 +230,11 @@ def _split_fraction(value: Any, path: Path) -> float:
     return float(value)
 
 
-def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> StudySpec:
+def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+               settings: dict[str, Any] | None = None) -> StudySpec:
     """Read a study file, or the packaged study of that name (``demo``: ``deepmetric.presets``; a file that exists
-    wins); ``command_line`` (parsed ``key=value`` layers) apply to every run, over its settings."""
+    wins); ``command_line`` (config layers) and then ``settings`` (``key=value`` settings, dotted keys) apply to every
+    run, over its settings."""
     path = resolve_preset(path, "study")
     try:
         data = read_yaml(path.read_text(), f"study file {path}") or {}
@@ -292,6 +302,7 @@ def load_study(path: str | Path, command_line: list[dict[str, Any]] | tuple[dict
                      common=common, variants=variants, repeats=repeats,
                      protocol=protocol, split_fraction=split_fraction,
                      all_embeddings=all_embeddings, overrides=_merged(command_line),
+                     settings=dict(settings or {}),
                      record=record_dir, compare=compare, seed_validation=seed_validation, tune=tune)
     # a run whose config fails is reported and skipped by run_study; when every run fails, nothing starts
     failing: dict[str, ConfigError] = {}
