@@ -379,8 +379,8 @@ def test_the_dry_run_prints_each_run_as_soon_as_it_is_checked(tmp_path, capsys, 
     caplog.set_level(logging.INFO, logger="deepmetric.cli.commands")
     study = write_study(tmp_path, seeds=[0, 1])
     logged_before_reading, read = [], studies.load_study
-    monkeypatch.setattr(studies, "load_study", lambda *args: logged_before_reading.extend(caplog.messages)
-                        or read(*args))
+    monkeypatch.setattr(studies, "load_study", lambda *args, **kwargs: logged_before_reading.extend(caplog.messages)
+                        or read(*args, **kwargs))
     printed_before_build, build = [], dry_run._build
 
     def watched(config):

@@ -208,6 +208,31 @@ def test_a_searched_regulariser_weight_keeps_the_variants_other_regularisers_and
     assert build_config(*seed.layers).loss.regularizers["activation-decay"] == {"weight": 0.01}
 
 
+def test_a_finished_trial_trained_with_other_settings_is_refused_and_a_default_written_out_is_not(tmp_path):
+    """A trial's score counts for its variant only while the study builds the trial's config as it was trained: a
+    changed variant stops the tuning, naming the trial and the setting (as a changed run stops the seeds); writing a
+    regulariser's default out changes nothing it trained."""
+    tune = {**TUNE, "trials": 1, "variants": {}}
+    abe = {"model.head": "abe", "model.head_options": {"num_learners": 2},
+           "loss.regularizers": {"divergence": {"weight": 0.5}}}
+    run_study(load_study(write_study(tmp_path, variants={"abe": abe}, tune=tune)), progress=False, tuning_only=True)
+    same = {**abe, "loss.regularizers": {"divergence": {"weight": 0.5, "margin": 1.0}}}  # margin's default
+    run_study(load_study(write_study(tmp_path, variants={"abe": same}, tune=tune)), progress=False, tuning_only=True)
+    changed = {**abe, "loss.regularizers": {"divergence": {"weight": 0.5, "margin": 0.25}}}
+    with pytest.raises(ConfigError, match=r"1 finished trial\(s\) were trained with other settings than the study now "
+                                          r"gives them: abe/0 in .*loss.regularizers.divergence.margin: 1.0 -> 0.25"):
+        run_study(load_study(write_study(tmp_path, variants={"abe": changed}, tune=tune)), progress=False,
+                  tuning_only=True)
+
+
+def test_a_regularisers_options_read_with_their_defaults():
+    from deepmetric.losses import REGULARIZERS, regularizer_options
+
+    assert regularizer_options("divergence", {"weight": 0.5}) == {"weight": 0.5, "margin": 1.0, "reduction": "mean"}
+    assert regularizer_options("horde", None)["orders"] == 5 and regularizer_options("horde", None)["weight"] == 1.0
+    assert "head" not in REGULARIZERS.defaults("horde") and "metric_loss" not in REGULARIZERS.defaults("horde")
+
+
 def test_dotted_keys_set_one_value_each_over_the_resolved_config():
     resolved = {"loss": {"regularizers": {"horde": {"orders": 5, "weight": 1.0}, "divergence": {"weight": 1.0}}},
                 "model": {"head_options": {"alpha": 10.0, "num_entries": 8}}}

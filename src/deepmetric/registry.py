@@ -132,6 +132,14 @@ class Registry(Generic[T]):
         own = self._options_of(entry) if self._options_of else keyword_parameters(entry)
         return [*self.extra_options, *(o for o in own if o not in self.provided and o not in self.extra_options)]
 
+    def defaults(self, name: str) -> dict[str, Any]:
+        """The options of entry ``name`` that have a default in its constructor, with that default (neither
+        ``provided`` nor ``extra_options``)."""
+        entry = self.get(name)
+        return {p.name: p.default for p in inspect.signature(entry).parameters.values()
+                if p.default is not p.empty and p.name not in self.provided and p.name not in self.extra_options
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
     def check(self, name: str, options: dict[str, Any] | None = None) -> T:
         """The entry ``name``, once its name and every key of ``options`` are known (config validation)."""
         entry = self.get(name)

@@ -45,7 +45,7 @@ from .multi_similarity import MultiSimilarityLoss
 from .objective import Objective
 from .pml import PMLLoss
 from .registry import LOSSES, MINERS, REGULARIZERS
-from .regularizers import build_regularizer, check_regularizer_options, register_regularizer
+from .regularizers import build_regularizer, check_regularizer_options, register_regularizer, regularizer_options
 from .triplet import TripletLoss
 
 __all__ = [
@@ -55,5 +55,5 @@ __all__ = [
     "PMLLoss", "TripletLoss",
     "build_loss", "build_objective", "build_regularizer", "check_loss_options", "check_objective", "create_objective",
     "check_memory_loss", "check_regularizer_options", "try_loss",
-    "register_regularizer",
+    "register_regularizer", "regularizer_options",
 ]

@@ -18,38 +18,19 @@ import logging
 import time
 from pathlib import Path
 
-from ..config import RunConfig, build_config
+from ..config import build_config
 from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
-from ..runs.folder import RunDir, flat_settings
+from ..runs.folder import RunDir
 from ..training import train
 from ..workflows import evaluate_all_embeddings, evaluate_run
 from .aggregate import write_results
+from .changes import changed_settings
 from .collect import aggregate, aggregate_all_embeddings
 from .record import DamagedRecord, finished, record_lock, record_run, refuse_links, restore_run, write_manifest
 from .spec import StudyRun, StudySpec
 from .tuning import apply_best_values, run_tuning, trials_of
 
 log = logging.getLogger("deepmetric")
-
-NOT_COMPARED = ("data.num_workers", "data.pin_memory", "train.threads", "train.device", "train.tensorboard",
-                "train.compile", "eval.batch_size", "eval.report")
-"""Settings that cannot change what a finished run measured (loader processes, threads, which CPU or GPU it ran
-on, compiled or not, evaluation batch size, the report page): a finished run whose saved config differs from the
-study's only in these is still reused. ``train.device`` is here so that one study runs on several GPUs (a process
-each, with ``train.device=cuda:N``) and across machines; each run's ``environment.json`` names its device."""
-
-
-def changed_settings(folder: RunDir, config: RunConfig) -> list[str]:
-    """The settings (``key: saved -> now``) in which ``folder``'s saved ``config.yaml`` differs from ``config``;
-    ``[]`` when the finished run is the one the study would train now."""
-    try:
-        saved = flat_settings(folder.config().to_dict())
-    except DeepMetricError as error:
-        return [f"its config.yaml cannot be read: {error}"]
-    now = flat_settings(config.to_dict())
-    return [f"{key}: {saved.get(key, '(none)')} -> {now.get(key, '(none)')}" for key in sorted(set(saved) | set(now))
-            if key not in NOT_COMPARED and saved.get(key) != now.get(key)]
-
 
 def _set_aside(folder: RunDir) -> Path:
     """Move a finished run that is to be trained again into a folder beside it (``<repeat>.replaced-<time>``):

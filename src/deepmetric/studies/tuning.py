@@ -41,6 +41,7 @@ from ..io.strict import load_json
 from ..runs.folder import RunDir
 from ..training import train
 from ..training.selection import selection_key
+from .changes import changed_settings
 from .record import record_lock, write_manifest
 from .search_space import TuneSpec
 from .spec import StudySpec
@@ -227,7 +228,8 @@ def run_tuning(spec: StudySpec, progress: bool = True, only: list[str] | tuple[s
     """Run trials of every variant (those in ``only``, when given) until each has ``tune.trials`` finished trials,
     recording each; write ``tuning.md`` and ``tuning.csv``. Several processes may run it on one study at once."""
     tune = _tune(spec)
-    variants = [run.variant for run in spec.runs(only)]
+    variants = list(dict.fromkeys(run.variant for run in spec.runs(only)))
+    check_finished_trials(spec, variants)
     optuna, storage = _storage(spec)
     for variant in variants:
         study = _study(spec, variant, optuna, storage)
@@ -249,6 +251,24 @@ def run_tuning(spec: StudySpec, progress: bool = True, only: list[str] | tuple[s
                 log.info("tuning %s: trial %d scored %s %.4f (step %s)", variant, number + 1, tune.objective,
                          trial.score, trial.step)
     return write_tuning(spec)
+
+
+def check_finished_trials(spec: StudySpec, variants: list[str]) -> None:
+    """Refuse to go on while a finished trial of ``variants`` was trained with other settings than the study gives
+    its values now (``changed_settings``): its score would count for a variant it did not train."""
+    changed = []
+    for variant in variants:
+        for trial in trials_of(spec, variant):
+            folders = (trial_record(spec, variant, trial.number), trial_dir(spec, variant, trial.number))
+            folder = next(RunDir(f) for f in folders if f is not None and (f / TRIAL).is_file())
+            differences = changed_settings(folder, build_config(*spec.trial_layers(variant, trial.values)))
+            if differences:
+                changed.append(f"{variant}/{trial.number} in {folder.path} ({', '.join(differences)})")
+    if changed:
+        raise ConfigError(f"study {spec.name}: {len(changed)} finished trial(s) were trained with other settings than "
+                          "the study now gives them: " + "; ".join(changed) + ": restore those settings, or, to tune "
+                          "the variant again, move its trials out of the record and the study's folder and delete its "
+                          f"Optuna study from {journal_path(spec)} (optuna.delete_study)")
 
 
 def _write_manifest(spec: StudySpec) -> None:
