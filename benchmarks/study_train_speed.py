@@ -47,7 +47,8 @@ import numpy as np
 import torch
 from _results import environment, forward_macs, timed, write_result
 
-from deepmetric.config import RunConfig, build_config, parse_override
+from deepmetric.config import RunConfig, build_config
+from deepmetric.config.layers import parse_settings
 from deepmetric.data.image_inputs import ImagesTable, image_items
 from deepmetric.distributed import DistContext
 from deepmetric.evaluation import EmbedSettings, embed_table
@@ -169,7 +170,7 @@ def main() -> None:
 
     timing = {"train": {"steps": args.steps, "log_every": args.log_every, "eval_every": 10**9,
                         "checkpoint_every": 10**9}, "eval": {"baseline": False}, "data": {"val_fraction": 0.0}}
-    spec = load_study(args.study, [parse_override(text) for text in args.overrides] + [timing])
+    spec = load_study(args.study, [timing], settings=parse_settings(args.overrides))
     runs = [run for run in spec.runs(args.only.split(",") if args.only else ()) if run.repeat == spec.repeats[0]]
     variants = [run.variant for run in runs]
     reference = args.reference or next((name for name in spec.compare if name in variants), variants[0])
