@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import multiprocessing
+import re
 import shutil
 
 import pytest
 import yaml
 
+from deepmetric.cli import main
 from deepmetric.config import build_config
 from deepmetric.config.layers import dotted_layer
 from deepmetric.errors import ConfigError
@@ -208,7 +210,7 @@ def test_a_searched_regulariser_weight_keeps_the_variants_other_regularisers_and
     assert build_config(*seed.layers).loss.regularizers["activation-decay"] == {"weight": 0.01}
 
 
-def test_a_finished_trial_trained_with_other_settings_is_refused_and_a_default_written_out_is_not(tmp_path):
+def test_a_finished_trial_trained_with_other_settings_is_refused_and_a_default_written_out_is_not(tmp_path, capsys):
     """A trial's score counts for its variant only while the study builds the trial's config as it was trained: a
     changed variant stops the tuning, naming the trial and the setting (as a changed run stops the seeds); writing a
     regulariser's default out changes nothing it trained."""
@@ -219,10 +221,13 @@ def test_a_finished_trial_trained_with_other_settings_is_refused_and_a_default_w
     same = {**abe, "loss.regularizers": {"divergence": {"weight": 0.5, "margin": 1.0}}}  # margin's default
     run_study(load_study(write_study(tmp_path, variants={"abe": same}, tune=tune)), progress=False, tuning_only=True)
     changed = {**abe, "loss.regularizers": {"divergence": {"weight": 0.5, "margin": 0.25}}}
-    with pytest.raises(ConfigError, match=r"1 finished trial\(s\) were trained with other settings than the study now "
-                                          r"gives them: abe/0 in .*loss.regularizers.divergence.margin: 1.0 -> 0.25"):
+    message = (r"1 finished trial\(s\) were trained with other settings than the study now gives them: abe/0 in "
+               r".*loss.regularizers.divergence.margin: 1.0 -> 0.25")
+    with pytest.raises(ConfigError, match=message):
         run_study(load_study(write_study(tmp_path, variants={"abe": changed}, tune=tune)), progress=False,
                   tuning_only=True)
+    assert main(["study", str(tmp_path / "study.yaml"), "--dry-run"]) == 2  # the dry run says it first
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_a_regularisers_options_read_with_their_defaults():

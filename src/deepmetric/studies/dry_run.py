@@ -123,11 +123,14 @@ def dry_run(spec: StudySpec, only: list[str] | tuple[str, ...] = (),
     """Build every run of ``spec`` (of the variants in ``only``, when given: those a study run with ``--only``
     trains; see the module docstring); a row per run, in the order the study runs them, each also given to
     ``on_row`` as soon as it is known. A variant whose tuning has ended is built with its best trial's values, as
-    the study would train it."""
+    the study would train it; a finished trial trained with other settings than the study gives now stops it, as it
+    stops the study (``tuning.check_finished_trials``)."""
     if spec.tune is not None:  # a variant still being tuned is built with its own settings
-        from .tuning import apply_best_values
+        from .tuning import apply_best_values, check_finished_trials
 
-        apply_best_values(spec, [run.variant for run in spec.runs(only)])
+        variants = list(dict.fromkeys(run.variant for run in spec.runs(only)))
+        check_finished_trials(spec, variants)
+        apply_best_values(spec, variants)
     rows, built = [], {}
     for run in spec.runs(only):
         repeat = f"split {run.repeat}" if spec.protocol == "splits" else f"seed {run.repeat}"
