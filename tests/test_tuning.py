@@ -131,6 +131,9 @@ def test_a_study_cut_mid_trial_goes_on_in_a_fresh_checkout_from_its_record(tmp_p
         assert [t.state.name for t in trials] == ["COMPLETE"] * 3, variant
         assert {t.number: t.params for t in trials} == {t.number: t.values for t in trials_of(spec, variant)}
     assert optuna_trials(tmp_path, "abe")[1].params == cut[1][1]  # trained again with the same values
+    run_study(load_study(write_study(tmp_path)), progress=False, tuning_only=True)  # a third start: nothing to do
+    journal = (tmp_path / "record" / "tuning.journal").read_text()
+    assert journal.count('"op_code":0') == 2  # each variant's study created once, loaded at every later start
 
 
 def _tune_in_process(path):

@@ -121,20 +121,19 @@ class StudySpec:
         if unknown:
             raise ConfigError(f"study {self.name}: no variant named {unknown[0]!r}"
                               + variant_hint(unknown[0], self.variants))
+        layers = {variant: self._with_settings([self.base, self.common, overrides, self.tuned.get(variant, {}),
+                                                self.overrides])
+                  for variant, overrides in self.variants.items() if not only or variant in only}
         runs = []
         for repeat in self.repeats:
-            for variant, overrides in self.variants.items():
-                if only and variant not in only:
-                    continue
+            for variant in layers:
                 if self.protocol == "splits":
                     per_repeat = {"data": {"val_fraction": self.split_fraction, "val_seed": repeat}}
                 else:
                     per_repeat = {"train": {"seed": repeat}}
                     if self.seed_validation:
                         per_repeat["data"] = {"val_seed": repeat}
-                layers = self._with_settings([self.base, self.common, overrides, self.tuned.get(variant, {}),
-                                              self.overrides])
-                runs.append(StudyRun(variant, repeat, [*layers, per_repeat]))
+                runs.append(StudyRun(variant, repeat, [*layers[variant], per_repeat]))
         return runs
 
 
@@ -149,7 +148,8 @@ def _dotted(mapping: dict[str, Any], where: str, below: list[dict[str, Any]] | N
     as ``below`` built it (``config.layers.dotted_layer``)."""
     if not isinstance(mapping, dict):
         raise ConfigError(f"study: '{where}' must be a mapping of config keys, got {mapping!r}")
-    return dotted_layer(mapping, _resolved(below or []))
+    deep = any(str(key).count(".") > 1 for key in mapping)  # only a key inside a setting needs the config below
+    return dotted_layer(mapping, _resolved(below or []) if deep else {})
 
 
 def _resolved(layers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -102,9 +102,14 @@ def _storage(spec: StudySpec) -> Any:
 
 
 def _study(spec: StudySpec, variant: str, optuna: Any, storage: Any) -> Any:
-    return optuna.create_study(study_name=f"{spec.name}/{variant}", storage=storage,
-                               sampler=_sampler(optuna, _tune(spec), variant, 0), direction="maximize",
-                               load_if_exists=True)
+    """``variant``'s Optuna study, loaded when the journal has it (``create_study`` would append a creation line to
+    the recorded journal at every start of every process), created otherwise."""
+    name, sampler = f"{spec.name}/{variant}", _sampler(optuna, _tune(spec), variant, 0)
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:  # not in the journal yet; another process may create it at the same moment, hence load_if_exists
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
+                                   load_if_exists=True)
 
 
 def _sampler(optuna: Any, tune: TuneSpec, variant: str, number: int) -> Any:
