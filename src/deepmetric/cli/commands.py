@@ -193,6 +193,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    modes = [flag for flag, given in (("--verify", args.verify), ("--dry-run", args.dry_run),
+                                      ("--tables", args.tables), ("--tuning-only", args.tuning_only)) if given]
+    if len(modes) > 1:
+        raise DeepMetricError(f"study: {' and '.join(modes)} do different things; give one of them")
     if args.dry_run:  # reading the study checks each run's config against the models' code: torch loads first
         log.info("study %s: loading the models' code, then each run is checked in turn", args.file)
     from ..studies import load_study, run_study
@@ -206,6 +210,13 @@ def cmd_study(args: argparse.Namespace) -> int:
                               + ",".join(list(spec.variants)[:2]))
     if args.verify:
         return _verify_study(spec)
+    if args.tables:
+        from ..studies import write_tables_now
+
+        paths = write_tables_now(spec)
+        say(paths["md"].read_text())
+        say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
+        return 0
     if args.dry_run:
         from ..studies.dry_run import dry_run, format_header, format_row, format_summary
 

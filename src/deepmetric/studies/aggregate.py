@@ -106,8 +106,8 @@ def tables(spec: StudySpec, rows: list[dict[str, Any]], embedding_rows: list[dic
     ``results-statistics.csv``, and with ``embedding_rows`` the tables of every embedding. ``stamp``: the time the
     tables say they were written (now)."""
     found = comparisons(spec, rows, per_query_files(spec, folder_of)) if spec.compare else []
-    sections = [markdown(spec, rows, stamp=stamp), intervals(spec, rows), per_repeat(spec, rows),
-                comparison(spec, rows, found), training_cost(spec, folder_of)]
+    sections = [markdown(spec, rows, stamp=stamp, of_runs=len(spec.runs())), intervals(spec, rows),
+                per_repeat(spec, rows), comparison(spec, rows, found), training_cost(spec, folder_of)]
     texts = {"results.csv": _csv(rows), "results.md": "\n".join(section for section in sections if section),
              "results-statistics.csv": _csv(statistics_rows(rows, found), STATISTICS_FIELDS)}
     if embedding_rows:

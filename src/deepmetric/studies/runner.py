@@ -32,6 +32,7 @@ from .tuning import apply_best_values, run_tuning, trials_of
 
 log = logging.getLogger("deepmetric")
 
+
 def _set_aside(folder: RunDir) -> Path:
     """Move a finished run that is to be trained again into a folder beside it (``<repeat>.replaced-<time>``):
     nothing is deleted. Called while this process holds the run (``RunDir.holding``): its folder and lock stay in
@@ -177,4 +178,32 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if failed:
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed (the others are in "
                               f"{paths['md']}): " + "; ".join(failed))
+    return paths
+
+
+def write_tables_now(spec: StudySpec) -> dict[str, Path]:
+    """Train nothing: write the study's results files (and the record's tables) from the runs finished so far,
+    restoring recorded runs first as ``run_study`` does (a damaged record is named and left out). Each row's
+    ``runs`` column says how many repeats it holds; a warning names the runs not finished yet."""
+    if spec.record is not None and spec.record.is_dir():
+        refuse_links(spec.record, spec.record)
+    runs = spec.runs()
+    for run in runs:
+        record = spec.record_dir(run)
+        try:
+            if record is not None:
+                restore_run(record, RunDir(spec.run_dir(run)))
+        except DamagedRecord as error:
+            log.error("%s left out: %s", run.name, error)
+    rows = aggregate(spec)
+    if not rows:
+        raise DeepMetricError(f"study {spec.name}: no run has finished yet under {spec.out}"
+                              + ("" if spec.record is None else f" or in its record {spec.record}")
+                              + ": there is no table to write")
+    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():
+        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    missing = [run.name for run in runs if not finished(RunDir(spec.run_dir(run)))]
+    if missing:
+        log.warning("%s holds %d of %d runs; not finished yet: %s", paths["md"], len(runs) - len(missing), len(runs),
+                    ", ".join(missing))
     return paths

@@ -38,9 +38,10 @@ def data_of(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold: bool = True,
-             stamp: str | None = None) -> str:
+             stamp: str | None = None, of_runs: int | None = None) -> str:
     """The table of means ± std per variant; ``bold`` marks each column's best mean (not for tables whose rows
-    mix kinds, such as a deviation row beside the metrics); ``stamp``: the time it says it was written (now)."""
+    mix kinds, such as a deviation row beside the metrics); ``stamp``: the time it says it was written (now);
+    ``of_runs``: how many runs the study has, said in the header when ``rows`` (a row a run) hold fewer."""
     metrics, summary = summarise(rows)
     data = data_of(rows)
     best: dict[tuple[str, str], float] = {}  # (data set, metric) -> best mean
@@ -56,7 +57,9 @@ def markdown(spec: StudySpec, rows: list[dict[str, Any]], title: str = "", bold:
                 if any(m.startswith("val_") for m in metrics) else "")
              + ("; best mean of each column in bold" if bold else "")
              + (" among the variants on the same data set" if several and bold else "")
-             + f". Written {stamp or time.strftime('%Y-%m-%d %H:%M')}.", "",
+             + f". Written {stamp or time.strftime('%Y-%m-%d %H:%M')}."
+             + (f" **{len(rows)} of the study's {of_runs} runs have finished**: each row's runs column counts its own."
+                if of_runs is not None and len(rows) < of_runs else ""), "",
              "| variant | " + ("data | " if several else "") + "runs | "
              + " | ".join(metric_label(m) for m in metrics) + " |",
              "|---|" + ("---|" if several else "") + "---|" + "---|" * len(metrics)]
