@@ -444,7 +444,7 @@ def test_a_record_survives_the_loss_of_the_runs_folder_and_nothing_is_retrained(
 def test_tables_writes_the_finished_runs_table_and_trains_nothing(tmp_path, monkeypatch, capsys, caplog):
     """``--tables`` while a long study is under way: the table of the runs finished so far (restored from the
     record in a fresh checkout), each row's runs column counting its repeats, the missing runs named; nothing
-    trains. It refuses a study with no finished run, and another mode beside it."""
+    trains and the record is left as it was. It refuses a study with no finished run, and another mode beside it."""
     import shutil
 
     import deepmetric.studies.runner as runner
@@ -455,6 +455,7 @@ def test_tables_writes_the_finished_runs_table_and_trains_nothing(tmp_path, monk
     assert "no run has finished yet" in capsys.readouterr().err and not (tmp_path / "record").exists()
     run_study(load_study(study), progress=False, only=["gap"])
     shutil.rmtree(tmp_path / "out")  # a fresh checkout: only the record is left
+    (tmp_path / "record" / "results.md").unlink()  # (the study's process wrote the record's tables as it ended)
     monkeypatch.setattr(runner, "train", lambda *args, **kwargs: pytest.fail("--tables trained a run"))
     with caplog.at_level("WARNING", logger="deepmetric"):
         assert main(["study", str(study), "--tables"]) == 0
@@ -462,8 +463,9 @@ def test_tables_writes_the_finished_runs_table_and_trains_nothing(tmp_path, monk
     assert "| gap | 2 |" in out and "| abe |" not in out  # gap's two seeds; abe has none
     assert "**2 of the study's 4 runs have finished**" in out
     assert "holds 2 of 4 runs; not finished yet: abe/0, abe/1" in caplog.text
-    rows = list(csv.DictReader((tmp_path / "record" / "results.csv").open()))  # the record's tables too
+    rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
     assert [(r["variant"], r["repeat"]) for r in rows] == [("gap", "0"), ("gap", "1")]
+    assert not (tmp_path / "record" / "results.md").exists()  # the record's tables are the study's to write
     assert main(["study", str(study), "--tables", "--dry-run"]) == 2
     assert "--dry-run and --tables do different things" in capsys.readouterr().err
 

@@ -292,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "run's per-query results against its metrics.json) and recompute every figure of the tables kept "
                    "in it; exit 1 with one line per problem")
     p.add_argument("--tables", action="store_true",
-                   help="train nothing: write results.csv, results.md and results.png (and the record's tables) from "
-                   "the runs finished so far, while other processes train the rest; each row's runs column says how "
-                   "many repeats it holds")
+                   help="train nothing: write results.csv, results.md and results.png in the study's out folder "
+                   "from the runs finished so far (recorded ones included), while other processes train the rest; "
+                   "each row's runs column says how many repeats it holds (the record's tables are left to the "
+                   "study's processes)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=commands.cmd_study)
     p = sub.add_parser("report", help="write RUN_DIR/report.html: curves, Recall@K, retrieval grid, attention, "

@@ -123,10 +123,10 @@ def same_tables(old: str, new: str) -> bool:
 
 
 def write_results(spec: StudySpec, rows: list[dict[str, Any]],
-                  embedding_rows: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                  embedding_rows: list[dict[str, Any]] | None = None, into_record: bool = True) -> dict[str, Path]:
     """The study's results files; with ``embedding_rows`` (``aggregate_all_embeddings``) also those of every
-    embedding. With a record, the tables go into the record too (rewritten only when a figure changed), and its
-    manifest is written again."""
+    embedding. With a record (and ``into_record``), the tables go into the record too (rewritten only when a figure
+    changed), and its manifest is written again."""
     if not rows:
         raise DeepMetricError(f"study {spec.name}: no finished run to aggregate under {spec.out}")
     spec.out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def write_results(spec: StudySpec, rows: list[dict[str, Any]],
     for name, text in texts.items():
         atomic_write_text(spec.out / name, text)
     atomic_write_bytes(paths["png"], chart(rows, f"study {spec.name}"))
-    if spec.record is not None:
+    if spec.record is not None and into_record:
         for name, text in texts.items():
             kept = spec.record / name
             if not kept.is_file() or not same_tables(kept.read_text(errors="replace"), text):

@@ -182,9 +182,11 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
 
 
 def write_tables_now(spec: StudySpec) -> dict[str, Path]:
-    """Train nothing: write the study's results files (and the record's tables) from the runs finished so far,
-    restoring recorded runs first as ``run_study`` does (a damaged record is named and left out). Each row's
-    ``runs`` column says how many repeats it holds; a warning names the runs not finished yet."""
+    """Train nothing: write the study's results files under ``spec.out`` from the runs finished so far, restoring
+    recorded runs first as ``run_study`` does (a damaged record is named and left out). Each row's ``runs`` column
+    says how many repeats it holds; a warning names the runs not finished yet. The record's tables are left to the
+    study's processes (written as each ends): tables of some runs kept there would go stale with the next run
+    recorded, and ``--verify`` would refuse them."""
     if spec.record is not None and spec.record.is_dir():
         refuse_links(spec.record, spec.record)
     runs = spec.runs()
@@ -200,8 +202,8 @@ def write_tables_now(spec: StudySpec) -> dict[str, Path]:
         raise DeepMetricError(f"study {spec.name}: no run has finished yet under {spec.out}"
                               + ("" if spec.record is None else f" or in its record {spec.record}")
                               + ": there is no table to write")
-    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():
-        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None,
+                          into_record=False)
     missing = [run.name for run in runs if not finished(RunDir(spec.run_dir(run)))]
     if missing:
         log.warning("%s holds %d of %d runs; not finished yet: %s", paths["md"], len(runs) - len(missing), len(runs),
