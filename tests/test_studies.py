@@ -140,7 +140,7 @@ def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp
     import fcntl
     import os
 
-    spec = load_study(write_study(tmp_path))
+    spec = load_study(write_study(tmp_path, record=str(tmp_path / "record")))
     held = tmp_path / "out/runs/abe/0"
     held.mkdir(parents=True)
     (held / "config.json").write_text("{}")  # a run started by the other process, before its first checkpoint
@@ -156,8 +156,11 @@ def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp
     assert "abe/0: training" not in caplog.text  # the lock is looked at before the run is announced
     assert "lacks 1 run(s) that other processes are training (abe/0)" in caplog.text
     assert [r["variant"] for r in csv.DictReader(paths["csv"].open())] == ["gap"]
+    assert (tmp_path / "record/gap/0/metrics.json").is_file()  # its run is recorded, but the record's tables are
+    assert not (tmp_path / "record/results.csv").exists()  # the last process's: these would go stale with abe/0
     run_study(spec, progress=False)  # released: the stale start is begun afresh and the results are complete
     assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
+    assert (tmp_path / "record/results.csv").read_text() == paths["csv"].read_text()
 
 
 def test_a_study_holds_each_run_from_its_training_through_its_evaluation(tmp_path, monkeypatch, caplog):

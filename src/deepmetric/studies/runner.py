@@ -167,11 +167,14 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
                               + "; ".join(failed))
-    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():  # one process at a time
-        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None)
+    last = not elsewhere and not pending  # while other processes train, the record's tables are theirs to write:
+    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():  # tables of some runs would
+        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None,
+                              into_record=last)  # go stale with the next run recorded (--verify refuses them)
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
-                    "the complete results", paths["md"], len(elsewhere), ", ".join(elsewhere))
+                    "the complete results%s", paths["md"], len(elsewhere), ", ".join(elsewhere),
+                    " (and the record's tables)" if spec.record is not None else "")
     if pending:
         log.warning("%s lacks the variants still being tuned by other processes (%s): run the study again once "
                     "their tuning ends", paths["md"], ", ".join(pending))
