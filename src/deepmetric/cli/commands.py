@@ -210,13 +210,6 @@ def cmd_study(args: argparse.Namespace) -> int:
                               + ",".join(list(spec.variants)[:2]))
     if args.verify:
         return _verify_study(spec)
-    if args.tables:
-        from ..studies import write_tables_now
-
-        paths = write_tables_now(spec)
-        say(paths["md"].read_text())
-        say(f"results: {paths['csv']}, {paths['md']}, {paths['png']}")
-        return 0
     if args.dry_run:
         from ..studies.dry_run import dry_run, format_header, format_row, format_summary
 
@@ -230,8 +223,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     if args.tuning_only and spec.tune is None:
         raise DeepMetricError(f"study {spec.name} has no tune: section; --tuning-only goes with a study that tunes")
-    paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed,
-                      tuning_only=args.tuning_only)
+    if args.tables:
+        from ..studies import write_tables_now
+
+        paths = write_tables_now(spec)
+    else:
+        paths = run_study(spec, progress=not args.quiet, only=only, retrain_changed=args.retrain_changed,
+                          tuning_only=args.tuning_only)
     say(paths["md"].read_text())
     if args.tuning_only:
         say(f"tuning: {paths['csv']}, {paths['md']}")

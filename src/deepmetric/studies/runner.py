@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from ..config import build_config
 from ..errors import ConfigError, DeepMetricError, RunInUse, TrainingInterrupted
@@ -65,6 +66,30 @@ def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, .
     return pending
 
 
+def _restore_records(spec: StudySpec, runs: list[StudyRun]) -> dict[str, str]:
+    """Restore each of ``runs`` that its record holds finished (``restore_run``); the runs whose record is damaged,
+    by name, with the error (such a run is never restored, nor trained over its record)."""
+    damaged = {}
+    for number, run in enumerate(runs, start=1):
+        record = spec.record_dir(run)
+        try:
+            if record is not None and restore_run(record, RunDir(spec.run_dir(run))):
+                log.info("[%d/%d] %s: restored from %s", number, len(runs), run.name, record)
+        except DamagedRecord as error:
+            damaged[run.name] = str(error)
+    return damaged
+
+
+def _write_tables(spec: StudySpec, rows: list[dict[str, Any]], into_record: bool) -> dict[str, Path]:
+    """The study's tables from ``rows`` (``write_results``), into the record too when ``into_record``: only the
+    process that ends last, since tables of some runs kept in a record go stale with the next run recorded
+    (``--verify`` refuses them). The record's lock keeps two processes from writing it at once."""
+    locked = spec.record is not None and into_record
+    with record_lock(spec.out) if locked else contextlib.nullcontext():
+        return write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None,
+                             into_record=into_record)
+
+
 def _record(spec: StudySpec, run: StudyRun, folder: RunDir) -> None:
     """Record ``run``'s files (``record_run``) and the record's manifest, under the study's record lock."""
     record = spec.record_dir(run)
@@ -91,17 +116,11 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             return run_tuning(spec, progress, only)
         pending = _tuned_first(spec, progress, only)
     runs = [run for run in spec.runs(only) if run.variant not in pending]
+    damaged = _restore_records(spec, runs)  # before anything trains: restore, then compare the finished runs
     changed: dict[str, list[str]] = {}
-    damaged: dict[str, str] = {}
-    for number, run in enumerate(runs, start=1):  # before anything trains: restore, then compare the finished runs
-        folder, record = RunDir(spec.run_dir(run)), spec.record_dir(run)
-        try:
-            if record is not None and restore_run(record, folder):
-                log.info("[%d/%d] %s: restored from %s", number, len(runs), run.name, record)
-        except DamagedRecord as error:
-            damaged[run.name] = str(error)  # reported as that run's failure below; not retrained over the record
-            continue
-        if finished(folder):
+    for run in runs:
+        folder = RunDir(spec.run_dir(run))
+        if run.name not in damaged and finished(folder):
             try:
                 config = build_config(*run.layers)
             except ConfigError:
@@ -167,10 +186,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
                               + "; ".join(failed))
-    last = not elsewhere and not pending  # while other processes train, the record's tables are theirs to write:
-    with record_lock(spec.out) if spec.record is not None else contextlib.nullcontext():  # tables of some runs would
-        paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None,
-                              into_record=last)  # go stale with the next run recorded (--verify refuses them)
+    paths = _write_tables(spec, rows, into_record=not elsewhere and not pending)  # the last process's to record
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
                     "the complete results%s", paths["md"], len(elsewhere), ", ".join(elsewhere),
@@ -193,21 +209,16 @@ def write_tables_now(spec: StudySpec) -> dict[str, Path]:
     if spec.record is not None and spec.record.is_dir():
         refuse_links(spec.record, spec.record)
     runs = spec.runs()
-    for run in runs:
-        record = spec.record_dir(run)
-        try:
-            if record is not None:
-                restore_run(record, RunDir(spec.run_dir(run)))
-        except DamagedRecord as error:
-            log.error("%s left out: %s", run.name, error)
+    for name, error in _restore_records(spec, runs).items():
+        log.error("%s left out: %s", name, error)
     rows = aggregate(spec)
     if not rows:
         raise DeepMetricError(f"study {spec.name}: no run has finished yet under {spec.out}"
                               + ("" if spec.record is None else f" or in its record {spec.record}")
                               + ": there is no table to write")
-    paths = write_results(spec, rows, aggregate_all_embeddings(spec) if spec.all_embeddings else None,
-                          into_record=False)
-    missing = [run.name for run in runs if not finished(RunDir(spec.run_dir(run)))]
+    paths = _write_tables(spec, rows, into_record=False)
+    done = {(row["variant"], row["repeat"]) for row in rows}
+    missing = [run.name for run in runs if (run.variant, run.repeat) not in done]
     if missing:
         log.warning("%s holds %d of %d runs; not finished yet: %s", paths["md"], len(runs) - len(missing), len(runs),
                     ", ".join(missing))
