@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,6 +161,47 @@ def test_a_run_another_process_trains_is_left_to_it_and_its_folder_untouched(tmp
     assert not (tmp_path / "record/results.csv").exists()  # the last process's: these would go stale with abe/0
     run_study(spec, progress=False)  # released: the stale start is begun afresh and the results are complete
     assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
+    assert (tmp_path / "record/results.csv").read_text() == paths["csv"].read_text()
+
+
+def test_the_process_that_ends_last_writes_the_records_tables_though_it_met_a_run_held_elsewhere(
+        tmp_path, monkeypatch, caplog):
+    """Two study processes ended a minute apart and neither wrote the record's tables: the last one had met a run
+    held by the other, and still counted it as training elsewhere after the other had finished and recorded it.
+    Now a run met held elsewhere is looked at again at the end: finished there, the table is complete."""
+    import fcntl
+
+    import deepmetric.studies.runner as runner
+    from deepmetric.config import build_config
+    from deepmetric.runs.folder import RunDir
+
+    spec = load_study(write_study(tmp_path, record=str(tmp_path / "record"), seeds=[0, 1]))
+    assert [run.name for run in spec.runs()] == ["abe/0", "gap/0", "abe/1", "gap/1"]
+    other_run = spec.runs()[1]
+    held = spec.run_dir(other_run)
+    held.mkdir(parents=True)
+    lock = open(held / ".lock", "a+")  # the other process holds gap/0 when this one meets it
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock.write("1\n")
+    lock.flush()
+    train = runner.train
+
+    def train_while_the_other_finishes(config, directory, **kwargs):
+        if Path(directory) == spec.run_dir(spec.runs()[2]) and not lock.closed:  # abe/1, after gap/0 was met held
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+            train(build_config(*other_run.layers), held, progress=False)  # the other process ends gap/0
+            runner.evaluate_run(held, progress=False)
+            runner._record(spec, other_run, RunDir(held))  # and records it
+        return train(config, directory, **kwargs)
+
+    monkeypatch.setattr(runner, "train", train_while_the_other_finishes)
+    with caplog.at_level("INFO", logger="deepmetric"):
+        paths = run_study(spec, progress=False)
+    assert "gap/0: being trained by process 1: left to it" in caplog.text and lock.closed
+    assert "lacks" not in caplog.text
+    assert sorted((r["variant"], r["repeat"]) for r in csv.DictReader(paths["csv"].open())) == [
+        ("abe", "0"), ("abe", "1"), ("gap", "0"), ("gap", "1")]
     assert (tmp_path / "record/results.csv").read_text() == paths["csv"].read_text()
 
 

@@ -135,7 +135,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
                           + ": restore those settings, or pass --retrain-changed to train them again (the old run "
                           "folders are kept beside, as <repeat>.replaced-<time>)")
     failed: list[str] = []
-    elsewhere: list[str] = []
+    elsewhere: list[StudyRun] = []
     for number, run in enumerate(runs, start=1):
         directory = spec.run_dir(run)
         folder = RunDir(directory)
@@ -176,12 +176,15 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             _record(spec, run, folder)
         except RunInUse as busy:
             log.info("[%d/%d] %s: being trained by process %s: left to it", number, len(runs), run.name, busy.holder)
-            elsewhere.append(run.name)
+            elsewhere.append(run)
         except TrainingInterrupted:
             raise  # a signal stops the whole study (the run resumes next time), it is not a failed run
         except DeepMetricError as error:
             log.error("[%d/%d] %s failed: %s", number, len(runs), run.name, error)
             failed.append(f"{run.name} ({error})")
+    # looked at again at the end: a run met held by another process that has finished it since is in the table,
+    # so that the process ending last knows it is last and writes the record's tables
+    elsewhere = [run for run in elsewhere if not finished(RunDir(spec.run_dir(run)))]
     rows = aggregate(spec)
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
@@ -189,7 +192,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     paths = _write_tables(spec, rows, into_record=not elsewhere and not pending)  # the last process's to record
     if elsewhere:
         log.warning("%s lacks %d run(s) that other processes are training (%s): the last process to end writes "
-                    "the complete results%s", paths["md"], len(elsewhere), ", ".join(elsewhere),
+                    "the complete results%s", paths["md"], len(elsewhere), ", ".join(run.name for run in elsewhere),
                     " (and the record's tables)" if spec.record is not None else "")
     if pending:
         log.warning("%s lacks the variants still being tuned by other processes (%s): run the study again once "
