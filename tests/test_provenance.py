@@ -30,6 +30,18 @@ def test_source_revision_is_the_commit_and_says_when_tracked_files_changed(tmp_p
     assert source_revision(tmp_path) == commit
     (tmp_path / "a.py").write_text("x = 2\n")
     assert source_revision(tmp_path) == commit + "-dirty"
+    package, record = tmp_path / "src", tmp_path / "docs"  # the source beside a record a running study writes
+    for folder in (package, record):
+        folder.mkdir()
+        (folder / "file.txt").write_text("one\n")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "src", "docs")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "two")
+    commit = _git(tmp_path, "rev-parse", "HEAD")
+    (record / "file.txt").write_text("a run recorded\n")
+    assert source_revision(package) == commit  # the record is not the source: its changes do not make it dirty
+    (package / "file.txt").write_text("edited\n")
+    assert source_revision(package) == commit + "-dirty"
     installed = tmp_path / ".venv" / "deepmetric"  # a package installed inside another project's checkout
     installed.mkdir(parents=True)
     (installed / "provenance.py").write_text("")

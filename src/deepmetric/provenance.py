@@ -43,8 +43,10 @@ def software() -> dict[str, str | None]:
 
 def source_revision(folder: str | Path | None = None) -> str | None:
     """The git commit of ``folder`` (deepmetric's own source by default), with ``-dirty`` when tracked files
-    have uncommitted changes; None where git is missing or the folder's files are not tracked by a repository
-    (an installed wheel, also one in a virtual environment inside some other project's checkout)."""
+    under ``folder`` have uncommitted changes (a change elsewhere in the checkout, such as the study record a
+    running study writes under ``docs/``, does not change what trains); None where git is missing or the folder's
+    files are not tracked by a repository (an installed wheel, also one in a virtual environment inside some other
+    project's checkout)."""
     folder = Path(folder) if folder is not None else Path(__file__).resolve().parent
     try:
         def git(*args: str) -> str:
@@ -54,7 +56,7 @@ def source_revision(folder: str | Path | None = None) -> str | None:
         if not git("ls-files", "--", "."):  # no tracked file here: not the repository's own source
             return None
         commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("-dirty" if dirty else "")
