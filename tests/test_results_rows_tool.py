@@ -29,7 +29,7 @@ def test_the_rows_carry_the_published_figures_of_the_emoji_comparison(capsys):
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         for figure in cells[1:6]:
             assert figure in published[variant], (variant, figure)
-    assert "| (reference) | — / — |" in rows[5]  # GAP against the control: a pair the study does not test
+    assert "| (reference) | +3.86 ▲ / +3.07 ▲ |" in rows[5]  # GAP against the control: that test read backwards
     assert "| −3.86 ▼ / −3.07 ▼ | (reference) |" in rows[6]
 
 
@@ -51,3 +51,7 @@ def test_signs_marks_and_the_best_mean():
     assert first == "| B (`b`) | **60.00 ± 1.00** | [10.00, 20.00] | 20.00 ± 1.00 | [10.00, 20.00] | (reference) |  |"
     assert second == ("| a (`a`) | 50.00 ± 1.00 | [10.00, 20.00] | **30.00 ± 1.00** | [10.00, 20.00] "
                       "| −10.00 ▼ / +10.00 |  |")
+    header, rule, first, second = tool.rows(statistics, ["a", "b"], {"b": "B"})
+    assert first.endswith("| +10.00 ▲ / −10.00 | (reference) |  |")  # b against a: a's test read backwards
+    statistics = [row for row in statistics if row["metric"] == "recall@1" or row["kind"] == "variant"]
+    assert tool.rows(statistics, ["b"], {})[3].endswith("| −10.00 ▼ / — |  |")  # MAP@R's pair is not tested

@@ -4,8 +4,9 @@
 
 Prints one Markdown row per variant, best test R@1 first: R@1 and MAP@R as mean ± std and the 95% t-interval, then
 each variant's difference from each reference of the study (``compare:``), R@1 / MAP@R in points with the study's
-mark (▲ / ▼ where Welch's test is significant after Holm's correction), and an empty last column for where the
-method departs from its paper. The figures are those that ``tests/test_published_results.py`` holds the page to,
+mark (▲ / ▼ where Welch's test is significant after Holm's correction; a pair tested the other way round read
+backwards; "—" for a pair the study does not test), and an empty last column for where the method departs from
+its paper. The figures are those that ``tests/test_published_results.py`` holds the page to,
 so they are copied, never typed; the method's name (``--label``) and its departures are the writer's.
 """
 
@@ -23,6 +24,21 @@ METRICS = ("recall@1", "map@r")
 def points(value: str, signed: bool = False) -> str:
     """A fraction as points with two decimals and a true minus sign (the page's typography)."""
     return (f"{100 * float(value):+.2f}" if signed else f"{100 * float(value):.2f}").replace("-", "−")
+
+
+def difference(against: dict[tuple[str, str, str], dict[str, str]], variant: str, reference: str,
+               metric: str) -> str:
+    """``variant``'s mean minus ``reference``'s in points with the study's mark; a pair the study tests the other
+    way round (a reference against another) is that test read backwards (the sign and the mark turned); "—" where
+    the study does not test the pair."""
+    row = against.get((variant, reference, metric))
+    if row is not None:
+        return points(row["difference"], signed=True) + (f" {row['mark']}" if row["mark"] else "")
+    row = against.get((reference, variant, metric))
+    if row is None:
+        return "—"
+    mark = {"▲": "▼", "▼": "▲"}.get(row["mark"], row["mark"])
+    return points(str(-float(row["difference"])), signed=True) + (f" {mark}" if mark else "")
 
 
 def rows(statistics: list[dict[str, str]], references: list[str], labels: dict[str, str]) -> list[str]:
@@ -49,12 +65,7 @@ def rows(statistics: list[dict[str, str]], references: list[str], labels: dict[s
             if variant == reference:
                 cells.append("(reference)")
                 continue
-            shown = []
-            for metric in METRICS:
-                row = against.get((variant, reference, metric))  # none where the study does not test that pair
-                shown.append("—" if row is None else
-                             points(row["difference"], signed=True) + (f" {row['mark']}" if row["mark"] else ""))
-            cells.append(" / ".join(shown))
+            cells.append(" / ".join(difference(against, variant, reference, metric) for metric in METRICS))
         cells.append("")
         lines.append("| " + " | ".join(cells) + " |")
     return header + lines
