@@ -214,3 +214,38 @@ def test_a_step_that_fails_on_one_rank_stops_every_rank_with_its_message(tmp_pat
         assert "the data set differs between the ranks" in seen["other_data"]["message"]
         assert "val " in seen["other_data"]["message"]  # rank 1's table has a validation split
     assert zero["folders"] == one["folders"] == []  # nothing was written, on either rank
+
+
+@pytest.mark.parametrize("outcome", ["trains", "fails"])
+def test_under_torchrun_train_leaves_the_process_group_before_it_exits(monkeypatch, outcome):
+    """A torchrun worker that exited with its process group still up was now and then aborted by the exit's
+    destructors ("terminate called without an active exception", SIGABRT), and torchrun failed both machines (the
+    two-machine test above, about one pair in eight on 2 busy cores). ``deepmetric train`` now leaves the group on
+    every rank, whether it trained or failed."""
+    import argparse
+
+    import deepmetric.distributed as distributed
+    from deepmetric.cli import train_command
+    from deepmetric.errors import DeepMetricError
+
+    left = []
+
+    def train(args, settings, context):
+        if outcome == "fails":
+            raise DeepMetricError("a bad setting")
+        return 0
+
+    monkeypatch.setattr(train_command, "_torchrun_context", lambda: "a rank of a process group")
+    monkeypatch.setattr(train_command, "_train", train)
+    monkeypatch.setattr(distributed, "shutdown", lambda: left.append(True))
+    args = argparse.Namespace(overrides=[])
+    if outcome == "fails":
+        with pytest.raises(DeepMetricError, match="a bad setting"):
+            train_command.cmd_train(args)
+    else:
+        assert train_command.cmd_train(args) == 0
+    assert left == [True]
+    monkeypatch.setattr(train_command, "_torchrun_context", lambda: None)  # no torchrun: no group to leave
+    if outcome == "trains":
+        train_command.cmd_train(args)
+        assert left == [True]

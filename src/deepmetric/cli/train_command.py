@@ -134,6 +134,17 @@ def _resume_config(out: str, context: Any) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     settings = _settings(args.overrides)
     context = _torchrun_context()
+    try:
+        return _train(args, settings, context)
+    finally:  # under torchrun: leave the process group before the interpreter exits, on every rank; one left to
+        if context is not None:  # the exit's destructors aborted a worker now and then ("terminate called without
+            from ..distributed import shutdown  # an active exception"), failing both machines' torchrun
+
+            shutdown()
+
+
+def _train(args: argparse.Namespace, settings: dict[str, Any], context: Any) -> int:
+    """``deepmetric train`` once its settings are read and, under torchrun, this process has joined the group."""
     if args.resume:
         if not args.out:
             raise DeepMetricError("--resume needs --out RUN_DIR")
