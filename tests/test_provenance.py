@@ -73,3 +73,16 @@ def test_every_training_session_and_every_evaluation_is_recorded(tmp_path, capsy
     assert all(f"<th>{column}</th>" in page for column in ("training session 1", "training session 2",
                                                             "untrained backbone&#x27;s test", "test evaluation"))
     assert f"<td>{expected_engine}</td>" in page and f"<td>{torch.__version__}</td>" in page
+
+
+def test_the_cpu_is_named_with_its_generation_where_the_system_gives_it(monkeypatch):
+    """Two generations of AMD EPYC, six times apart in speed, both called themselves "AMD EPYC" in one study's
+    runs; the family, model and stepping tell them apart (None where /proc/cpuinfo lacks them: ARM, macOS)."""
+    import deepmetric.provenance as provenance
+
+    fields = {"model name": "AMD EPYC", "cpu family": "26", "model": "2", "stepping": "1"}
+    monkeypatch.setattr(provenance, "cpu_info", lambda field: fields.get(field, ""))
+    record = provenance.machine("cpu")
+    assert (record["cpu"], record["cpu_generation"]) == ("AMD EPYC", "family 26 model 2 stepping 1")
+    fields.pop("stepping")
+    assert provenance.machine("cpu")["cpu_generation"] is None

@@ -815,6 +815,11 @@ def test_a_runs_training_time_is_its_logged_windows_at_their_rates(tmp_path):
     folder.environment.write_text(json.dumps({"sessions": [{"gpu": "NVIDIA H200", "threads": 1},
                                                            {"cpu": "AMD EPYC", "threads": 2}]}))
     assert run_cost(folder) == {"images_per_s": 4.5, "seconds": 30.0, "machine": "NVIDIA H200 + AMD EPYC, 2 threads"}
+    folder.environment.write_text(json.dumps({"sessions": [  # one name, two generations: two machines
+        {"cpu": "AMD EPYC", "cpu_generation": "family 23 model 49 stepping 0", "threads": 1},
+        {"cpu": "AMD EPYC", "cpu_generation": "family 26 model 2 stepping 1", "threads": 1}]}))
+    assert machine_of(folder) == ("AMD EPYC (family 23 model 49 stepping 0), 1 thread + "
+                                  "AMD EPYC (family 26 model 2 stepping 1), 1 thread")
     assert [duration(s) for s in (30.0, 750.0, 8280.0)] == ["30 s", "12.5 min", "2.3 h"]
     folder.environment.write_text("{")
     assert machine_of(folder) == "?"

@@ -62,11 +62,21 @@ def source_revision(folder: str | Path | None = None) -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
+def cpu_generation() -> str | None:
+    """The x86 processor's family, model and stepping (``family 26 model 2 stepping 1``), or None where
+    /proc/cpuinfo does not give them. A virtual machine's model name can be as bare as ``AMD EPYC`` for processors
+    of different generations, six times apart in speed (seen in one study's runs); these numbers tell them apart."""
+    fields = [cpu_info(field) for field in ("cpu family", "model", "stepping")]
+    return None if not all(fields) else "family {} model {} stepping {}".format(*fields)
+
+
 def machine(device: str | torch.device = "cpu") -> dict[str, Any]:
-    """The processor, torch's threads, and the device (with the GPU's name on CUDA)."""
+    """The processor (its name and, on x86, its generation), torch's threads, and the device (with the GPU's name
+    on CUDA)."""
     device = torch.device(device)
     record: dict[str, Any] = {"machine": platform.machine(), "cpu": cpu_info("model name") or platform.processor(),
-                              "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device)}
+                              "cpu_generation": cpu_generation(), "cpu_count": os.cpu_count(),
+                              "threads": torch.get_num_threads(), "device": str(device)}
     if device.type == "cuda":
         record["gpu"] = torch.cuda.get_device_name(device)
     return record

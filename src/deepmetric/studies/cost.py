@@ -27,8 +27,9 @@ from .text import cell
 
 
 def machine_of(folder: RunDir) -> str:
-    """The machine(s) of a run's training sessions: the GPU's name, else the CPU's with its threads; ``?`` when
-    ``environment.json`` does not say."""
+    """The machine(s) of a run's training sessions: the GPU's name, else the CPU's (with its generation where the
+    run recorded one, since two generations can share a name) and its threads; ``?`` when ``environment.json`` does
+    not say."""
     try:
         sessions = json.loads(folder.environment.read_text()).get("sessions", [])
     except (OSError, ValueError, AttributeError, RecursionError):
@@ -38,7 +39,9 @@ def machine_of(folder: RunDir) -> str:
         if not isinstance(session, dict):
             continue
         threads = session.get("threads")
-        name = session.get("gpu") or f"{session.get('cpu', '?')}, {threads} thread{'' if threads == 1 else 's'}"
+        generation = f" ({session['cpu_generation']})" if session.get("cpu_generation") else ""
+        name = session.get("gpu") or (f"{session.get('cpu', '?')}{generation}, {threads} "
+                                      f"thread{'' if threads == 1 else 's'}")
         names.append(str(name))
     return " + ".join(dict.fromkeys(names)) or "?"
 
