@@ -24,7 +24,8 @@ from deepmetric.studies.summary import markdown
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
 PAGES = {"emoji.yaml": "emoji-64px.md", "emoji-160px.yaml": "emoji-160px.md",
-         "emoji-160px-extras.yaml": "emoji-160px-extras.md", "icons-cpu-64px.yaml": "icons-cpu-64px.md"}
+         "emoji-160px-extras.yaml": "emoji-160px-extras.md", "icons-cpu-64px.yaml": "icons-cpu-64px.md",
+         "emoji-cpu-64px.yaml": "emoji-cpu-64px.md"}
 """Each comparison's study file and the page of docs/studies/ that publishes its table."""
 COMPARISONS = tuple(PAGES)
 SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
