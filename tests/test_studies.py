@@ -308,7 +308,10 @@ def test_compare_sets_each_variant_against_the_references_in_results_md(tmp_path
     assert "| abe | +10.00 ▲ | +2.00 |" in table  # R@1 intervals apart; MAP@R's overlap (0.51 ± 0.014 vs 0.53 ± 0.028)
     assert "| other | — | — |" in table  # another data set: not comparable
     assert table in (write_results(spec, rows)["md"]).read_text()  # below the table of means
+    assert "Holm's correction over the 2 Welch tests of the table" in table
     assert comparison(load_study(write_study(tmp_path)), rows) == ""  # no references, no section
+    first_seeds = [row for row in rows if row["repeat"] == 0]  # a partial table (--tables) of one seed each
+    assert "(none here: a Welch test needs two repeats of each side)" in comparison(spec, first_seeds)
     with pytest.raises(ConfigError, match="'compare' names no variant 'gpa'.*did you mean 'gap'"):
         load_study(write_study(tmp_path, compare="gpa"))
     with pytest.raises(ConfigError, match="'compare' must be a variant's name or a list"):

@@ -153,10 +153,13 @@ def comparison(spec: StudySpec, rows: list[dict[str, Any]], found: list[Comparis
         lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
     tests = [c for c in found if not is_mirror(c, found)]  # two references compared: their test once
     if tests:
+        welch = sum(c.welch is not None for c in tests)
+        holm = (f"that p-value after Holm's correction over the {welch} Welch tests of the table (it decides the "
+                "marks)" if welch else "that p-value after Holm's correction (none here: a Welch test needs two "
+                "repeats of each side)")
         lines += ["", "### The tests", "",
                   f"Difference of means in points; Welch: two-sided p-value of Welch's t-test across the repeats, and "
-                  f"that p-value after Holm's correction over the {sum(c.welch is not None for c in tests)} Welch "
-                  f"tests of the table (it decides the marks); bootstrap: the paired bootstrap over test queries "
+                  f"{holm}; bootstrap: the paired bootstrap over test queries "
                   f"({statistics.RESAMPLES:,} resamples of the queries, the runs paired by repeat), its "
                   f"{statistics.CONFIDENCE:.0%} interval of the difference in points, its two-sided p-value and that "
                   "p-value after Holm's correction over the table's bootstrap tests; — where a test is undefined "
