@@ -33,7 +33,7 @@ SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
               "icons-cpu-64px.yaml": "Icons at 64 px on a CPU: the seven core methods, tuned alike"}
 """The comparisons whose figures docs/results.md gives, a row per variant, and the section (## heading) with them."""
 RECORDS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml", "emoji-ablations-160px.yaml",
-           "emoji-pml-tuning-160px.yaml", "icons-cpu-64px.yaml")
+           "emoji-pml-tuning-160px.yaml", "icons-cpu-64px.yaml", "emoji-cpu-64px.yaml")
 """The study files whose records are committed under docs/studies/."""
 BEFORE_PER_QUERY = RECORDS[:5]
 """The records whose runs predate per-query files."""
