@@ -134,11 +134,14 @@ def _resume_config(out: str, context: Any) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace) -> int:
     settings = _settings(args.overrides)
     context = _torchrun_context()
+    # Under torchrun every rank leaves the process group before the interpreter exits, trained or failed: a group
+    # left to the exit's destructors aborted a worker now and then ("terminate called without an active
+    # exception"), and torchrun then failed every machine.
     try:
         return _train(args, settings, context)
-    finally:  # under torchrun: leave the process group before the interpreter exits, on every rank; one left to
-        if context is not None:  # the exit's destructors aborted a worker now and then ("terminate called without
-            from ..distributed import shutdown  # an active exception"), failing both machines' torchrun
+    finally:
+        if context is not None:
+            from ..distributed import shutdown
 
             shutdown()
 
