@@ -30,7 +30,8 @@ PAGES = {"emoji.yaml": "emoji-64px.md", "emoji-160px.yaml": "emoji-160px.md",
 COMPARISONS = tuple(PAGES)
 SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
               "emoji-160px-extras.yaml": "Emoji at 160 px: the other methods",
-              "icons-cpu-64px.yaml": "Icons at 64 px on a CPU: the seven core methods, tuned alike"}
+              "icons-cpu-64px.yaml": "Icons at 64 px on a CPU: the seven core methods, tuned alike",
+              "emoji-cpu-64px.yaml": "Emoji at 64 px on a CPU: the seven core methods, tuned alike"}
 """The comparisons whose figures docs/results.md gives, a row per variant, and the section (## heading) with them."""
 RECORDS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml", "emoji-ablations-160px.yaml",
            "emoji-pml-tuning-160px.yaml", "icons-cpu-64px.yaml", "emoji-cpu-64px.yaml")
