@@ -287,3 +287,34 @@ def test_the_trials_in_the_record_verify_and_a_hand_edited_score_is_named(tmp_pa
     assert any(f"{trial}: it says score" in p for p in problems)  # the score against its log
     assert any(f"{trial} does not match MANIFEST.sha256" in p for p in problems)
     assert any("tuning.csv line 3 (gap, 1), score" in p for p in problems)  # the tables follow the trials
+
+
+def test_the_process_that_ends_last_writes_the_records_tables_though_a_variant_was_being_tuned_elsewhere(
+        tmp_path, monkeypatch, caplog):
+    """At the end of the emoji CPU study neither process wrote the record's tables: the last one had started while
+    the other still tuned a variant, and counted that variant as pending at its end, after the other had tuned it,
+    trained its seeds and recorded them. Now a pending variant is looked at again at the end, as a run met held is."""
+    import deepmetric.studies.runner as runner
+
+    path = write_study(tmp_path, seeds=[0], tune={**TUNE, "trials": 2})
+    spec = load_study(path)
+    run_study(spec, progress=False, tuning_only=True)
+    run_study(load_study(path), progress=False, only=["abe"])  # the other process: abe's seeds, recorded
+    real = runner.apply_best_values
+    calls = []
+
+    def abe_still_tuned_elsewhere_when_this_process_starts(spec, variants):
+        calls.append(list(variants))
+        pending = real(spec, variants)
+        if len(calls) == 1:
+            spec.tuned.pop("abe")
+            pending.append("abe")
+        return pending
+
+    monkeypatch.setattr(runner, "apply_best_values", abe_still_tuned_elsewhere_when_this_process_starts)
+    with caplog.at_level("INFO", logger="deepmetric"):
+        paths = run_study(spec, progress=False)
+    assert "abe: its seeds wait until its tuning ends" in caplog.text and len(calls) == 2
+    assert "lacks" not in caplog.text
+    assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
+    assert (tmp_path / "record" / "results.csv").read_text() == paths["csv"].read_text()

@@ -66,6 +66,16 @@ def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, .
     return pending
 
 
+def _still_pending(spec: StudySpec, pending: list[str], only: list[str] | tuple[str, ...]) -> list[str]:
+    """``pending`` looked at again at the end, as the runs met held are: a variant that other processes have tuned
+    and trained every seed of since this one started is in the table, so that the process ending last knows it is
+    last and writes the record's tables."""
+    tuned_since = [variant for variant in pending if variant not in apply_best_values(spec, pending)]
+    done = {variant for variant in tuned_since
+            if all(finished(RunDir(spec.run_dir(run))) for run in spec.runs(only) if run.variant == variant)}
+    return [variant for variant in pending if variant not in done]
+
+
 def _restore_records(spec: StudySpec, runs: list[StudyRun]) -> dict[str, str]:
     """Restore each of ``runs`` that its record holds finished (``restore_run``); the runs whose record is damaged,
     by name, with the error (such a run is never restored, nor trained over its record)."""
@@ -185,6 +195,7 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
     # looked at again at the end: a run met held by another process that has finished it since is in the table,
     # so that the process ending last knows it is last and writes the record's tables
     elsewhere = [run for run in elsewhere if not finished(RunDir(spec.run_dir(run)))]
+    pending = _still_pending(spec, pending, only)
     rows = aggregate(spec)
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
