@@ -25,18 +25,20 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results.md"
 PAGES = {"emoji.yaml": "emoji-64px.md", "emoji-160px.yaml": "emoji-160px.md",
          "emoji-160px-extras.yaml": "emoji-160px-extras.md", "icons-cpu-64px.yaml": "icons-cpu-64px.md",
-         "emoji-cpu-64px.yaml": "emoji-cpu-64px.md", "icons-cpu-64px-extras.yaml": "icons-cpu-64px-extras.md"}
+         "emoji-cpu-64px.yaml": "emoji-cpu-64px.md", "icons-cpu-64px-extras.yaml": "icons-cpu-64px-extras.md",
+         "emoji-cpu-64px-extras.yaml": "emoji-cpu-64px-extras.md"}
 """Each comparison's study file and the page of docs/studies/ that publishes its table."""
 COMPARISONS = tuple(PAGES)
 SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
               "icons-cpu-64px.yaml": "Icons at 64 px on a CPU: the seven core methods, tuned alike",
               "emoji-cpu-64px.yaml": "Emoji at 64 px on a CPU: the seven core methods, tuned alike",
-              "icons-cpu-64px-extras.yaml": "Icons at 64 px on a CPU: the other methods, tuned alike"}
+              "icons-cpu-64px-extras.yaml": "Icons at 64 px on a CPU: the other methods, tuned alike",
+              "emoji-cpu-64px-extras.yaml": "Emoji at 64 px on a CPU: the other methods, tuned alike"}
 """The comparisons whose figures docs/results.md gives, a row per variant, and the section (### heading, under its
 benchmark's ## heading) with them."""
 RECORDS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml", "emoji-ablations-160px.yaml",
            "emoji-pml-tuning-160px.yaml", "icons-cpu-64px.yaml", "emoji-cpu-64px.yaml",
-           "icons-cpu-64px-extras.yaml")
+           "icons-cpu-64px-extras.yaml", "emoji-cpu-64px-extras.yaml")
 """The study files whose records are committed under docs/studies/."""
 BEFORE_PER_QUERY = RECORDS[:5]
 """The records whose runs predate per-query files."""
