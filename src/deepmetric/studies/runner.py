@@ -66,14 +66,16 @@ def _tuned_first(spec: StudySpec, progress: bool, only: list[str] | tuple[str, .
     return pending
 
 
-def _still_pending(spec: StudySpec, pending: list[str], only: list[str] | tuple[str, ...]) -> list[str]:
+def _finished(spec: StudySpec, run: StudyRun) -> bool:
+    return finished(RunDir(spec.run_dir(run)))
+
+
+def _still_pending(spec: StudySpec, pending: list[str]) -> list[str]:
     """``pending`` looked at again at the end, as the runs met held are: a variant that other processes have tuned
-    and trained every seed of since this one started is in the table, so that the process ending last knows it is
-    last and writes the record's tables."""
-    tuned_since = [variant for variant in pending if variant not in apply_best_values(spec, pending)]
-    done = {variant for variant in tuned_since
-            if all(finished(RunDir(spec.run_dir(run))) for run in spec.runs(only) if run.variant == variant)}
-    return [variant for variant in pending if variant not in done]
+    (``apply_best_values``) and trained every seed of since this one started is no longer pending."""
+    untuned = apply_best_values(spec, pending)
+    return [variant for variant in pending
+            if variant in untuned or not all(_finished(spec, run) for run in spec.runs([variant]))]
 
 
 def _restore_records(spec: StudySpec, runs: list[StudyRun]) -> dict[str, str]:
@@ -194,8 +196,8 @@ def run_study(spec: StudySpec, progress: bool = True, only: list[str] | tuple[st
             failed.append(f"{run.name} ({error})")
     # looked at again at the end: a run met held by another process that has finished it since is in the table,
     # so that the process ending last knows it is last and writes the record's tables
-    elsewhere = [run for run in elsewhere if not finished(RunDir(spec.run_dir(run)))]
-    pending = _still_pending(spec, pending, only)
+    elsewhere = [run for run in elsewhere if not _finished(spec, run)]
+    pending = _still_pending(spec, pending)
     rows = aggregate(spec)
     if not rows and failed:  # nothing finished: the failures are the news, not the empty table
         raise DeepMetricError(f"study {spec.name}: {len(failed)} of {len(runs)} runs failed and none has finished: "
