@@ -318,3 +318,28 @@ def test_the_process_that_ends_last_writes_the_records_tables_though_a_variant_w
     assert "lacks" not in caplog.text
     assert sorted(r["variant"] for r in csv.DictReader(paths["csv"].open())) == ["abe", "gap"]
     assert (tmp_path / "record" / "results.csv").read_text() == paths["csv"].read_text()
+
+
+def test_the_journals_lock_is_never_inside_the_record(tmp_path, monkeypatch):
+    """Optuna's file lock made a symbolic link beside the journal, in the record, while another process appended to
+    it; a study process starting then (``refuse_links``), or a manifest written then, met it: "is a symbolic link", or
+    "No such file" once it was renamed away (test_two_processes_share_the_trials..., about one run in seven). The
+    lock now lives in the study's output folder, beside the record's own lock; the record is walked while the
+    journal is held here, as another process would."""
+    from optuna.storages.journal import JournalFileOpenLock, JournalFileSymlinkLock
+
+    from deepmetric.studies.record import record_files
+
+    seen = []
+    for kind in (JournalFileOpenLock, JournalFileSymlinkLock):
+        acquire = kind.acquire
+
+        def acquire_then_walk_the_record(self, acquire=acquire):
+            taken = acquire(self)
+            seen.append([p.name for p in record_files(tmp_path / "record")])
+            return taken
+
+        monkeypatch.setattr(kind, "acquire", acquire_then_walk_the_record)
+    spec = load_study(write_study(tmp_path, variants={"gap": {}}, tune={**TUNE, "variants": {}, "trials": 1}))
+    run_study(spec, progress=False, tuning_only=True)
+    assert seen and not any(".lock" in name for names in seen for name in names)

@@ -92,13 +92,19 @@ def trial_record(spec: StudySpec, variant: str, number: int) -> Path | None:
 
 
 def _storage(spec: StudySpec) -> Any:
+    """The study's Optuna storage: the journal (``journal_path``), locked for each append by a file in the study's
+    output folder, beside the record's own lock (``record_lock``). Optuna's default lock is a symbolic link beside
+    the journal, renamed away on release: in the record, another process walking it (``refuse_links``,
+    ``write_manifest``) met a link, or a file gone between listing and reading it."""
     optuna = _optuna()
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
     path = journal_path(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return optuna, JournalStorage(JournalFileBackend(str(path)))
+    spec.out.mkdir(parents=True, exist_ok=True)
+    lock = JournalFileOpenLock(str(spec.out / JOURNAL))
+    return optuna, JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
 
 
 def _study(spec: StudySpec, variant: str, optuna: Any, storage: Any) -> Any:
