@@ -9,6 +9,10 @@ process (so that its peak resident memory is its own) on that same set, one afte
 - ``knn-torch`` / ``knn-numpy`` / ``knn-faiss``: our exact kNN (k = 1000, self removed, stable ties) alone;
 - ``kmeans``: NMI alone (faiss k-means, 11,316 clusters, 20 iterations, as PML runs it): work that ours and
   PML share, about 3.7 times the multiply-adds of the full similarity matrix;
+- ``kmeans-torch``: NMI alone by faiss' k-means written in torch (``deepmetric.evaluation.kmeans``), on the CPU:
+  not faster there, run to check the copy at scale: after the clock, faiss' own k-means runs on the same set, and
+  the phase reports both NMIs and the fraction of points given the same cluster (both start from the same points,
+  so cluster i is the same cluster in both);
 - ``ours-torch`` / ``ours-numpy`` / ``ours-faiss``: Recall@{1,10,100,1000}, MAP@R and R-precision (+ NMI with
   ``--nmi``);
 - ``pml``: pytorch-metric-learning's ``AccuracyCalculator`` with precision_at_1 (= Recall@1), MAP@R and
@@ -16,9 +20,10 @@ process (so that its peak resident memory is its own) on that same set, one afte
   query itself): it cannot give Recall@10, @100 or @1000;
 - ``pml-k1000``: the same with ours' metrics: k = 1000 and Recall@10, @100, @1000 added the way PML's
   documentation adds an accuracy (``calculate_<name>`` methods that read ``knn_labels``);
-- with ``--cuda`` (a GPU machine): ``matmul-cuda``, ``knn-cuda`` and ``ours-cuda``, the bare products, our kNN
-  and our metrics on the GPU (full float32; the embeddings start on the CPU and the copy is timed; the CUDA
-  context and cuBLAS are started before the clock).
+- with ``--cuda`` (a GPU machine): ``matmul-cuda``, ``knn-cuda``, ``kmeans-cuda`` and ``ours-cuda``, the bare
+  products, our kNN, NMI alone (checked against faiss' as ``kmeans-torch`` is) and our metrics on the GPU (full
+  float32; the embeddings start on the CPU and the copy is timed; the CUDA context and cuBLAS are started before
+  the clock).
 
     .venv/bin/python benchmarks/eval_speed.py [--n 60502] [--classes 11316] [--dim 512] [--noise 2.2] [--nmi] [--cuda]
 
@@ -42,7 +47,8 @@ import numpy as np
 
 PHASES = ("matmul-torch", "matmul-numpy", "knn-torch", "knn-numpy", "knn-faiss", "kmeans", "ours-torch",
           "ours-numpy", "ours-faiss", "pml", "pml-k1000")
-CUDA_PHASES = ("matmul-cuda", "knn-cuda", "ours-cuda")
+CHECK_PHASES = ("kmeans-torch",)  # not among the defaults (minutes on a CPU); --phases kmeans,kmeans-torch
+CUDA_PHASES = ("matmul-cuda", "knn-cuda", "kmeans-cuda", "ours-cuda")
 
 
 def clustered_set(n: int, classes: int, dim: int, noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +94,8 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
 
     from deepmetric.evaluation import retrieval_metrics
     from deepmetric.evaluation.knn import block_rows_for, full_float32_products, iter_knn, similarities
-    from deepmetric.evaluation.metrics import nmi_score
+    from deepmetric.evaluation.metrics import kmeans_labels
+    from sklearn.metrics import normalized_mutual_info_score
 
     x, y = clustered_set(n, classes, dim, noise)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
@@ -108,8 +115,10 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     elif kind == "knn":
         for _ in iter_knn(xt, xt, max(RECALL_AT), torch.arange(n), engine=engine):
             pass
-    elif kind == "kmeans":
-        result = {"nmi": nmi_score(x, y)}
+    elif kind == "kmeans":  # faiss; -torch: faiss' rule in torch on the CPU; -cuda: the same on the GPU
+        device = {"": None, "torch": torch.device("cpu"), "cuda": torch.device("cuda")}[engine]
+        found = kmeans_labels(x, len(np.unique(y)), device=device)
+        result = {"nmi": normalized_mutual_info_score(y, found)}
     elif kind == "ours":
         result = retrieval_metrics(x, y, recall_at=RECALL_AT, nmi=nmi, engine=engine)
     elif kind == "pml":
@@ -122,6 +131,10 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
         result = {k: float(v) for k, v in pml.get_accuracy(xt, yt).items()}
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if kind == "kmeans" and engine:  # after the clock: the torch copy against faiss' own on the same set
+        by_faiss = kmeans_labels(x, len(np.unique(y)))
+        result.update({"nmi_faiss": normalized_mutual_info_score(y, by_faiss),
+                       "same_cluster": float((found == by_faiss).mean())})
     return {"phase": phase, "seconds": seconds, "peak_rss_mb": peak_mb, "metrics": result}
 
 
@@ -134,7 +147,7 @@ def main() -> None:
                         help="scatter around the class centres (2.2: Recall@1 0.78, MAP@R 0.43, far from saturation)")
     parser.add_argument("--nmi", action="store_true", help="include NMI (faiss k-means) in ours and PML")
     parser.add_argument("--cuda", action="store_true", help="add the GPU phases (" + ", ".join(CUDA_PHASES) + ")")
-    parser.add_argument("--phase", choices=PHASES + CUDA_PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=PHASES + CHECK_PHASES + CUDA_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "eval_speed.json"))
     args = parser.parse_args()

@@ -46,7 +46,7 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
   tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
     section tests
     XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_device.py tests/test_metrics.py \
+    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_device.py tests/test_metrics.py tests/test_kmeans.py \
       -k "cuda or engine or device" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
     ;;
   data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
@@ -69,7 +69,7 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
         --repeats 10 --warmup 3 --out "$RES/horde_overhead_cuda_k$orders.json" 2>&1 | tee -a "$RES/horde_overhead.log"
     done
     ;;
-  eval)  # 4. SOP-scale evaluation: GPU kNN against the GPU's bare products; all metrics against PML
+  eval)  # 4. SOP-scale evaluation: GPU kNN against the GPU's bare products; NMI on the GPU; all metrics against PML
     section eval
     timeout 240 $PY benchmarks/eval_speed.py --cuda --nmi --phases kmeans,pml,pml-k1000 \
       --out "$RES/eval_speed_cuda.json" 2>&1 | tee "$RES/eval_speed.log"

@@ -16,7 +16,8 @@ does, and reported):
   clustering, which has no gallery. It is undefined, and None (``null`` in JSON, ``—`` in tables), when the
   queries hold fewer than 2 classes or every query is its own class. NMI depends on the
   k-means used (the thesis saw 5 points between two variants): scikit-learn's below 100 classes,
-  faiss' from 100 on when installed (``FAISS_KMEANS_FROM``).
+  faiss' from 100 on when installed (``FAISS_KMEANS_FROM``); with the ``cuda`` engine, faiss' k-means written in
+  torch on the GPU (``kmeans.py``: the same start and steps, so the same clustering up to rounding).
 
 Ties between exactly equal similarities are broken by gallery index (see ``knn.py``).
 """
@@ -34,7 +35,8 @@ import torch.nn.functional as F
 
 from ..errors import DeepMetricError
 from ..progress import progress_bar
-from .knn import faiss_available, iter_knn
+from .kmeans import kmeans_faiss_rule
+from .knn import faiss_available, iter_knn, resolve_engine
 from .rerank import Rerank, as_rerank, reranked_knn
 
 log = logging.getLogger(__name__)
@@ -106,10 +108,15 @@ SKLEARN_SLOW_FROM = 200
 """From this many clusters, NMI without faiss warns that it is slow."""
 
 
-def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
+def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0, device: torch.device | None = None) -> np.ndarray:
     """k-means assignments for NMI: from ``FAISS_KMEANS_FROM`` clusters faiss' k-means (random initialisation, 20
-    iterations, seed ``seed``: what pytorch-metric-learning's NMI runs); below, and wherever faiss is not
-    installed, scikit-learn's (one k-means++ initialisation), with a warning from ``SKLEARN_SLOW_FROM`` clusters."""
+    iterations, seed ``seed``: what pytorch-metric-learning's NMI runs), on ``device`` by its torch copy
+    (``kmeans.py``) when one is given (a GPU), else by faiss; below, and wherever faiss is not installed and no
+    device is given, scikit-learn's (one k-means++ initialisation), with a warning from ``SKLEARN_SLOW_FROM``
+    clusters."""
+    if n_clusters >= FAISS_KMEANS_FROM and device is not None:
+        on_device = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
+        return kmeans_faiss_rule(on_device, n_clusters, niter=20, seed=seed).cpu().numpy()
     if n_clusters >= FAISS_KMEANS_FROM and faiss_available():
         import faiss
 
@@ -135,16 +142,29 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0) -> np.ndarray:
     return assignments
 
 
-def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0) -> float:
-    """NMI between the labels and a k-means clustering with as many clusters as classes."""
+def kmeans_name(n_clusters: int, engine: str) -> str:
+    """Which k-means ``nmi_score`` runs, in words (for the log)."""
+    if n_clusters < FAISS_KMEANS_FROM:
+        return "scikit-learn"
+    if resolve_engine(engine) == "cuda":
+        return "faiss' rule, in torch on the GPU"
+    return "faiss" if faiss_available() else "scikit-learn"
+
+
+def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0,
+              engine: str = "torch") -> float:
+    """NMI between the labels and a k-means clustering with as many clusters as classes; with the ``cuda`` engine
+    (``auto`` where torch sees a GPU) the k-means runs on the GPU (``kmeans_labels``)."""
     from sklearn.metrics import normalized_mutual_info_score
+
+    device = torch.device("cuda", torch.cuda.current_device()) if resolve_engine(engine) == "cuda" else None
 
     x = np.asarray(embeddings, dtype=np.float32)
     y = np.asarray(labels)
     n_clusters = len(np.unique(y))
     if n_clusters < 2 or n_clusters >= len(y):
         return float("nan")
-    return float(normalized_mutual_info_score(y, kmeans_labels(x, n_clusters, seed)))
+    return float(normalized_mutual_info_score(y, kmeans_labels(x, n_clusters, seed, device)))
 
 
 @dataclass(frozen=True)
@@ -261,8 +281,8 @@ def compute_metrics_per_query(query: torch.Tensor, query_labels: torch.Tensor, g
         classes = len(torch.unique(query_labels))
         if progress and len(query_labels) * classes >= SHOWN_FROM // 1000:
             log.info("NMI: k-means of %d embeddings into %d clusters (%s)", len(query_labels), classes,
-                     "faiss" if classes >= FAISS_KMEANS_FROM and faiss_available() else "scikit-learn")
-        score = nmi_score(query.numpy(), query_labels.numpy())
+                     kmeans_name(classes, engine))
+        score = nmi_score(query.numpy(), query_labels.numpy(), engine=engine)
         if score != score:
             log.warning("NMI is undefined here (the %d queries hold %d classes; it needs 2 or more, and fewer "
                         "classes than queries): reported as null", len(query_labels),
