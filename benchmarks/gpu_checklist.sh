@@ -7,7 +7,7 @@
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
-#   sections: setup tests data train eval eval-no-nmi compile cache compile-heads infer ddp deml-profile
+#   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads infer ddp deml-profile
 #   (default: setup tests data train eval compile)
 #   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
 #
@@ -78,6 +78,11 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     section eval-no-nmi
     timeout 180 $PY benchmarks/eval_speed.py --cuda --phases pml \
       --out "$RES/eval_speed_cuda_no_nmi.json" 2>&1 | tee "$RES/eval_speed_no_nmi.log"
+    ;;
+  knn)  # 3. where the cuda kNN's time goes: the engine until 2026-11-28, today's queued one, bigger blocks, a profile
+    section knn
+    timeout 150 $PY benchmarks/knn_cuda.py --device cuda --rounds 3 --profile --out "$RES/knn_cuda.json" 2>&1 \
+      | grep -v Warning | tee "$RES/knn_cuda.log"
     ;;
   compile)  # 2, continued: torch.compile (its compilation is the slow part)
     section compile

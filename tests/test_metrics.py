@@ -260,6 +260,33 @@ def test_every_engine_gives_the_torch_engines_neighbours(k, engine):
         assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
 
 
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_the_cuda_engines_queued_blocks_give_the_torch_engines_neighbours_on_the_cpu(k):
+    """The ``cuda`` engine's path (``_queued_blocks``: nothing waits inside a block, the rows the grouped selection
+    cannot vouch for are redone when the block is read, ties are ordered in every row) run on the CPU, block by block:
+    the torch engine's neighbours to the bit, for the gallery as queries, another tensor as queries, and queries of
+    which only some have their own row in the gallery."""
+    from deepmetric.evaluation import knn as knn_module
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2000, 16, generator=g)
+    x[100:141] = x[0]  # 41 exact duplicates: rows whose ties cross the k-th place
+    x = torch.round(torch.nn.functional.normalize(x, dim=1) * 1024) / 1024  # exact products (see above)
+    own = torch.arange(2000)
+    if k < 40:  # the redo path runs
+        sims = knn_module._masked_similarities(x, x, own)
+        assert knn_module.grouped_topk(sims, k)[2].sum() >= 41
+    block = knn_module.block_rows_for(2000, 0.5)
+    some_own = torch.where(own[:300] % 3 == 0, own[:300], -1)
+    cases = [(x, own), (x.clone(), own), (x.clone(), None), (x[:300].clone(), some_own)]
+    for query, self_index in cases:
+        parts = list(knn_module._queued_blocks(query, x, k, self_index, block, torch.device("cpu")))
+        assert [p[0] for p in parts] == list(range(0, len(query), block))
+        values, indices = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+        expected = knn(query, x, k, self_index, memory_mb=0.5, engine="torch")
+        assert torch.equal(indices, expected[1]) and torch.equal(values, expected[0]) and indices.dtype == torch.long
+
+
 @pytest.mark.parametrize("engine", ["numpy", "faiss", "cuda"])
 def test_metrics_are_the_same_with_every_engine(engine):
     needs(engine)

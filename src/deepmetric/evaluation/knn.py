@@ -24,13 +24,15 @@ Four engines:
   query) and kept for comparison (docs/benchmarks/evaluation.md);
 - ``cuda``: the torch engine on the current CUDA device: the gallery is copied there once, each block's
   products and top-k run there in full float32 (TF32 is switched off for the products, whatever the caller
-  chose), and only the (b, k) results come back. ``auto`` picks it wherever torch sees a CUDA device.
+  chose), and only the (b, k) results come back. Blocks are queued one ahead and nothing inside a block waits
+  for the host (``_queued_blocks``). ``auto`` picks it wherever torch sees a CUDA device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -99,18 +101,32 @@ GROUP = 8  # groups per row in the grouped selection of ``topk_stable``
 def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise top-``k`` of ``sims`` ordered by (similarity desc, index asc), exact under ties.
 
-    Wide rows go through a grouped selection that never selects over the whole row. Column c < G·w (w =
-    n // G) belongs to group ``c mod w``, so each group holds G columns a stride w apart and its maximum
-    is one element-wise maximum of G contiguous slices; the k+1 groups with the largest maxima are kept,
-    and the top-k is taken among their G·(k+1) members and the (< G) leftover columns. That is exact
-    whenever the smallest kept maximum M is below the k-th value found (every dropped column is at most M)
-    and the k-th and (k+1)-th candidates differ (no tie crosses the boundary); the rare rows where either
-    fails are redone over the whole row.
+    Wide rows go through ``grouped_topk``, which never selects over the whole row; the rare rows it cannot vouch
+    for are redone over the whole row.
+    """
+    b, n = sims.shape
+    if n // GROUP < 2 * (k + 1):
+        return order_ties_by_index(*_select_whole_rows(sims, k))
+    values, indices, unsure = grouped_topk(sims, k)
+    if unsure.any():
+        rows = unsure.nonzero().squeeze(1)
+        values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
+    return order_ties_by_index(values, indices)
+
+
+def grouped_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-``k`` of each row by a grouped selection, sorted by value (ties in any order), and the rows for which
+    it may be wrong (``unsure``, (b,) bool), with no synchronisation with the host (rows at least ``2 GROUP (k + 1)``
+    wide).
+
+    Column c < G·w (w = n // G) belongs to group ``c mod w``, so each group holds G columns a stride w apart and its
+    maximum is one element-wise maximum of G contiguous slices; the k+1 groups with the largest maxima are kept,
+    and the top-k is taken among their G·(k+1) members and the (< G) leftover columns. That is exact whenever the
+    smallest kept maximum M is below the k-th value found (every dropped column is at most M) and the k-th and
+    (k+1)-th candidates differ (no tie crosses the boundary); the other rows are ``unsure``.
     """
     b, n = sims.shape
     width = n // GROUP
-    if width < 2 * (k + 1):
-        return order_ties_by_index(*_select_whole_rows(sims, k))
     main = GROUP * width
     strided = sims[:, :main].unflatten(1, (GROUP, width))  # (b, G, w): group r is column r of every slice
     group_max, kept = strided.amax(dim=1).topk(k + 1, dim=1, sorted=False)  # (b, k + 1)
@@ -122,11 +138,7 @@ def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     leftover = position >= members.shape[1]
     indices = torch.where(leftover, position - members.shape[1] + main, columns)
     unsure = (values[:, k] == values[:, k - 1]) | (group_max.amin(dim=1) >= values[:, k - 1])
-    values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
-    if unsure.any():
-        rows = unsure.nonzero().squeeze(1)
-        values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
-    return order_ties_by_index(values, indices)
+    return values[:, :k].contiguous(), indices[:, :k].contiguous(), unsure
 
 
 def _select_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,11 +179,93 @@ def sort_candidates(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.
 def _product_block(query: torch.Tensor, gallery: torch.Tensor, k: int, own: torch.Tensor | None,
                    engine: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """One block of the torch or numpy engine: the similarities, the query's own row removed, the top-k."""
+    return topk_stable(_masked_similarities(query, gallery, own, engine), k)
+
+
+def _masked_similarities(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor | None,
+                         engine: str = "torch") -> torch.Tensor:
+    """A block's similarities with each query's own gallery row (``own``, -1 for none) at -inf."""
     sims = similarities(query, gallery, engine)
-    if own is not None:
-        rows = torch.nonzero(own >= 0).squeeze(1)
-        sims[rows, own[rows]] = float("-inf")
-    return topk_stable(sims, k)
+    if own is not None:  # a scatter, not an index of the rows with one: no synchronisation with a GPU
+        column = own.clamp_min(0)[:, None]
+        sims.scatter_(1, column, torch.where(own[:, None] >= 0, float("-inf"), sims.gather(1, column)))
+    return sims
+
+
+@dataclass
+class _QueuedBlock:
+    """A block whose top-k is queued on the device, its copies to the host with it."""
+
+    start: int
+    query: torch.Tensor  # (b, D) on the device, and the rows' own gallery indices (or None): to redo unsure rows
+    own: torch.Tensor | None
+    values: torch.Tensor  # (b, k) on the host once ``done``
+    indices: torch.Tensor  # (b, k) int32
+    unsure: torch.Tensor  # (b,) bool: rows the grouped selection cannot vouch for
+    done: torch.cuda.Event | None
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy queued from the GPU into pinned host memory (the tensor itself on the CPU)."""
+    if tensor.device.type != "cuda":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _queue_block(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor | None, start: int,
+                 k: int) -> _QueuedBlock:
+    """Queue a block's products, grouped top-k, tie order and copies to the host, without waiting for the device."""
+    with full_float32_products():
+        sims = _masked_similarities(query, gallery, own)
+    if sims.shape[1] // GROUP < 2 * (k + 1):  # narrow rows: the whole-row selection (it synchronises)
+        values, indices = topk_stable(sims, k)
+        unsure = torch.zeros(len(sims), dtype=torch.bool, device=sims.device)
+    else:
+        values, indices, unsure = grouped_topk(sims, k)
+        values, indices = sort_candidates(values, indices)  # ties by index in every row: cheaper than asking which
+    done = torch.cuda.Event() if sims.device.type == "cuda" else None
+    queued = _QueuedBlock(start, query, own, _to_host(values), _to_host(indices.int()), _to_host(unsure), done)
+    if done is not None:
+        done.record()
+    return queued
+
+
+def _finish_block(block: _QueuedBlock, gallery: torch.Tensor, k: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Wait for a queued block, redo its unsure rows over their whole rows, and return it as ``iter_knn`` yields."""
+    if block.done is not None:
+        block.done.synchronize()
+    values, indices = block.values, block.indices.long()
+    if block.unsure.any():
+        rows = block.unsure.nonzero().squeeze(1)
+        on_device = rows.to(gallery.device)
+        own = None if block.own is None else block.own[on_device]
+        with full_float32_products():
+            sims = _masked_similarities(block.query[on_device], gallery, own)
+        fixed_values, fixed_indices = order_ties_by_index(*_select_whole_rows(sims, k))
+        values[rows], indices[rows] = fixed_values.cpu(), fixed_indices.cpu()
+    return block.start, values, indices
+
+
+def _queued_blocks(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: torch.Tensor | None, block: int,
+                   device: torch.device) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The ``cuda`` engine: block i + 1 is queued on the device before block i is read back, so that the device
+    never waits for the host between blocks (no synchronisation inside a block: the rows the grouped selection
+    cannot vouch for are redone when the block is read, ties are ordered in every row, and the results come back
+    as int32 indices into pinned memory). The gallery goes to the device once (and serves as the queries when they
+    are the same tensor); each block of queries goes on its own."""
+    same = query is gallery
+    gallery = gallery.to(device)
+    queued: _QueuedBlock | None = None
+    for start in range(0, query.shape[0], block):
+        q = gallery[start:start + block] if same else query[start:start + block].to(device)
+        own = None if self_index is None else self_index[start:start + block].to(device)
+        following = _queue_block(q, gallery, own, start, k)
+        if queued is not None:
+            yield _finish_block(queued, gallery, k)
+        queued = following
+    if queued is not None:
+        yield _finish_block(queued, gallery, k)
 
 
 class _FaissSearcher:
@@ -228,19 +322,21 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
     engine.
     """
     engine = resolve_engine(engine)
-    device = torch.device("cuda", torch.cuda.current_device()) if engine == "cuda" else torch.device("cpu")
     block = block_rows_for(gallery.shape[0], memory_mb)
+    if engine == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        yield from _queued_blocks(query, gallery, k, self_index, block, device)
+        return
     searcher = _FaissSearcher(gallery) if engine == "faiss" else None
-    gallery = gallery.to(device)  # once (a no-op on the CPU)
     for start in range(0, query.shape[0], block):
-        q = query[start:start + block].to(device)
-        own = None if self_index is None else self_index[start:start + block].to(device)
+        q = query[start:start + block]
+        own = None if self_index is None else self_index[start:start + block]
         if searcher:
             values, indices = searcher.block(q, k, own)
         else:
             with full_float32_products():
                 values, indices = _product_block(q, gallery, k, own, engine)
-        yield start, values.cpu(), indices.cpu()
+        yield start, values, indices
 
 
 def knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: torch.Tensor | None = None,
