@@ -7,7 +7,8 @@
 # the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
-#   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads infer ddp deml-profile
+#   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads compile-curves infer ddp
+#             deml-profile
 #   (default: setup tests data train eval compile)
 #   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
 #
@@ -103,6 +104,12 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
       timeout 150 $PY benchmarks/train_step.py --device cuda --head $head --size 160 --batch 64 --repeats 10 --compile \
         --out "$RES/train_step_cuda_compiled_$head.json" 2>&1 | tail -9 | tee -a "$RES/train_step_compiled_heads.log"
     done
+    ;;
+  compile-curves)  # 1. train.compile with the real trainer: 200 steps compiled against eager per head (VARIANTS)
+    section compile-curves
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 500 $PY benchmarks/compile_curves.py configs/studies/emoji-160px.yaml \
+      --only ${VARIANTS:-gap,abe,diablo,deml} --steps 200 --warmup 20 data.num_workers=12 \
+      --out "$RES/compile_curves.json" 2>&1 | grep -v Warning | tail -12 | tee "$RES/compile_curves.log"
     ;;
   infer)  # 5. inference: the embedding and per-query passes in float32, bf16 and compiled, against the bare forward
     section infer
