@@ -114,6 +114,16 @@ def test_the_labels_are_faiss_labels(device, n, classes, dim, noise, seed):
     assert np.array_equal(ours, theirs.index.search(x, 1)[1][:, 0])
 
 
+def test_the_means_added_a_few_points_at_a_time_are_the_means_added_at_once():
+    x, labels = clustered(500, 40, 16, 0.5, 6)
+    points, assigned = torch.from_numpy(x), torch.from_numpy(labels)
+    at_once, sizes = kmeans.centroid_means(points, assigned, 45)
+    in_pieces, same_sizes = kmeans.centroid_means(points, assigned, 45, memory_mb=16 * 8 * 7 / 2**20)  # 7 rows
+    assert torch.equal(at_once, in_pieces) and np.array_equal(sizes, same_sizes) and (sizes[40:] == 0).all()
+    assert (at_once[40:] == 0).all()
+    np.testing.assert_allclose(at_once[3].numpy(), x[labels == 3].mean(axis=0), rtol=0, atol=1e-6)
+
+
 def test_as_many_points_as_clusters_makes_each_point_its_cluster():
     x, _ = clustered(20, 20, 4, 0.1, 0)
     assert kmeans.kmeans_faiss_rule(torch.from_numpy(x), 20).tolist() == list(range(20))

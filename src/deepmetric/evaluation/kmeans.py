@@ -100,11 +100,15 @@ def nearest_centroids(points: torch.Tensor, centroids: torch.Tensor, memory_mb: 
     return labels
 
 
-def centroid_means(points: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, np.ndarray]:
+def centroid_means(points: torch.Tensor, labels: torch.Tensor, k: int,
+                   memory_mb: float = 256.0) -> tuple[torch.Tensor, np.ndarray]:
     """Each cluster's mean (zero for an empty cluster, as faiss leaves it) and the clusters' sizes (float32 on the
-    host: faiss' ``hassign``). The sums are float64, rounded to float32 and then scaled by ``1 / size``."""
+    host: faiss' ``hassign``). The sums are float64 (added ``memory_mb`` of points at a time), rounded to float32 and
+    then scaled by ``1 / size``."""
     sums = torch.zeros(k, points.shape[1], dtype=torch.float64, device=points.device)
-    sums.index_add_(0, labels, points.double())
+    rows = max(1, int(memory_mb * 2**20 / (8 * points.shape[1])))
+    for start in range(0, len(points), rows):
+        sums.index_add_(0, labels[start:start + rows], points[start:start + rows].double())
     sizes = torch.bincount(labels, minlength=k).float()
     means = sums.float() * torch.where(sizes > 0, 1 / sizes, torch.zeros_like(sizes))[:, None]
     return means, sizes.cpu().numpy()
@@ -181,6 +185,6 @@ def faiss_rule_centroids(points: torch.Tensor, k: int, niter: int = 20, seed: in
         if previous is not None and torch.equal(labels, previous):
             break  # a fixed point: every later iteration repeats this one
         previous = labels
-        centroids, sizes = centroid_means(train, labels, k)
+        centroids, sizes = centroid_means(train, labels, k, memory_mb)
         split_empty_clusters(centroids, sizes, len(train))
     return centroids
