@@ -10,7 +10,7 @@ On the SOP-shaped set of ``eval_speed.py`` (60,502 x 512, k = 1000, self removed
   host synchronisations inside the top-k): the ``cuda`` engine until 2026-11-28, measured at 6.6x on an H200;
 - ``queued``: today's ``cuda`` engine (``iter_knn``: block i + 1 queued before block i is read back, no
   synchronisation inside a block, int32 indices into pinned memory), at the default block (256 MB of
-  similarities) and at 4 and 16 times it.
+  similarities) and at 4 and 16 times it, and with one top-k over each whole row instead of the grouped selection.
 
 Both kNN set-ups must give the same neighbours (checked). With ``--profile``, one pass of the queued engine under
 ``torch.profiler`` prints its 15 most expensive device kernels. On a CPU (``--device cpu``, a small ``--n``) it
@@ -59,6 +59,16 @@ def queued(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[to
     return [part[2] for part in knn_module._queued_blocks(x, x, k, torch.arange(len(x)), block, device)]
 
 
+def queued_whole_rows(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[torch.Tensor]:
+    """The queued engine with the grouped selection switched off (``GROUP`` larger than any row): one top-k over each
+    whole row, whose tie check synchronises once a block. Which selection is faster on a GPU is what it asks."""
+    group, knn_module.GROUP = knn_module.GROUP, 10**12
+    try:
+        return queued(x, device, k, block)
+    finally:
+        knn_module.GROUP = group
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -81,18 +91,21 @@ def main() -> None:
         f"queued, {block} rows a block (today's engine)": lambda: queued(x, device, args.k, block),
         f"queued, {4 * block} rows a block": lambda: queued(x, device, args.k, 4 * block),
         f"queued, {16 * block} rows a block": lambda: queued(x, device, args.k, 16 * block),
+        f"queued, {block} rows a block, whole-row top-k": lambda: queued_whole_rows(x, device, args.k, block),
     }
-    same = torch.equal(torch.cat(block_by_block(x, device, args.k, block)), torch.cat(queued(x, device, args.k, block)))
+    reference_neighbours = torch.cat(block_by_block(x, device, args.k, block))
+    same = all(torch.equal(reference_neighbours, torch.cat(found)) for found in (
+        queued(x, device, args.k, block), queued_whole_rows(x, device, args.k, block)))
     seconds: dict[str, list[float]] = {name: [] for name in setups}
     for _ in range(args.rounds):  # the first round starts the GPU's kernels and the pinned allocator: kept, medians
         for name, run in setups.items():
             seconds[name].append(timed(run, device))
     median = {name: statistics.median(times) for name, times in seconds.items()}
     reference = median["products, a sync per block"]
-    print(f"{'set-up':<52}{'seconds':>10}{'x products':>12}")
+    print(f"{'set-up':<56}{'seconds':>10}{'x products':>12}")
     for name, value in median.items():
-        print(f"{name:<52}{value:>10.3f}{value / reference:>12.2f}")
-    print(f"same neighbours, block by block and queued: {same}")
+        print(f"{name:<56}{value:>10.3f}{value / reference:>12.2f}")
+    print(f"same neighbours, block by block and both queued selections: {same}")
     kernels = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU] + (
