@@ -126,6 +126,25 @@ def test_cached_batches_are_the_loaders_batches_to_one_level():
         assert (images - images_ref).abs().max() <= LEVEL
 
 
+def test_cached_batches_made_ahead_by_a_thread_are_the_same_batches():
+    """``prefetch`` (the default on a GPU) forced on the CPU: the same tensors in the same order; the default follows
+    the device."""
+    table = make_table(n_classes=6, per_class=5, size=24).split("train")
+    labels = np.searchsorted(np.unique(table.labels), table.labels)
+    cache = ImageCache.build(table, 20, (0.8, 1.3), "size")
+
+    def batches(prefetch):
+        return CachedBatches(cache, PKSampler(labels, 2, 3, seed=5, num_steps=5), labels,
+                             BatchedTrainTransform(20, (0.8, 1.3)), "cpu", prefetch=prefetch)
+
+    ahead, in_turn = list(batches(True)), list(batches(False))
+    assert len(ahead) == len(in_turn) == 5
+    for made_ahead, made_in_turn in zip(ahead, in_turn, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(made_ahead, made_in_turn, strict=True))
+    assert batches(None).prefetch is False
+    assert CachedBatches(cache, [], labels, BatchedTrainTransform(20), "cuda:0").prefetch is True
+
+
 def test_the_cache_keeps_each_image_no_larger_than_the_augmentation_uses():
     assert cached_size(100, 50, 20, (0.8, 1.8), "size") == (36, 18)
     assert cached_size(100, 50, 20, (0.8, 1.8), "stretch") == (36, 36)
