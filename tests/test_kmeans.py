@@ -154,7 +154,7 @@ def test_nmi_takes_the_gpu_with_the_cuda_engine_and_the_cpu_otherwise(monkeypatc
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_retrieval_metrics_on_the_gpu_report_faiss_nmi():
+def test_retrieval_metrics_with_the_cuda_engine_report_faiss_nmi():
     from deepmetric.evaluation import retrieval_metrics
 
     pytest.importorskip("faiss")
