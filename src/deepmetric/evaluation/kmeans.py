@@ -12,9 +12,10 @@ faiss' ``Kmeans(d, k, niter=20, seed=s)`` (faiss/Clustering.cpp and impl/Cluster
    count;
 4. the labels are the nearest final centroids of all n points (``kmeans.index.search(x, 1)``).
 
-``rand_perm`` and the generator are faiss' own where faiss is installed, else a copy of faiss 1.15's (a Fisher-Yates
-shuffle by ``std::mt19937(seed)`` with ``mt() % m``; faiss' development branch has since changed it to
-``(mt() * m) >> 32``, so two faiss versions may start from different points).
+``rand_perm`` is faiss' own where faiss is installed, else a copy of faiss 1.15's (a Fisher-Yates shuffle by
+``std::mt19937(seed)`` with ``mt() % m``; faiss' development branch has since changed it to ``(mt() * m) >> 32``, so
+two faiss versions may start from different points). The donors' generator is ``std::mt19937`` (numpy's MT19937,
+seeded as the C++ one is).
 
 Two departures, neither of which changes the result in exact arithmetic: a centroid's sum is accumulated in float64
 and rounded to float32 (faiss sums float32 in point order; the GPU's atomic float32 sums would also differ between
