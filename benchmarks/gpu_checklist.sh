@@ -47,7 +47,7 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
   tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
     section tests
     XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 200 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_device.py tests/test_metrics.py tests/test_kmeans.py \
+    timeout 280 $PY -m pytest -p no:cacheprovider $XDIST -q -rfEs tests/test_cuda.py tests/test_device.py tests/test_metrics.py tests/test_kmeans.py \
       -k "cuda or engine or device" --junitxml="$RES/tests-junit.xml" 2>&1 | tail -60 | tee "$RES/tests.log"
     ;;
   data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
