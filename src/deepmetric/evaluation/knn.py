@@ -235,7 +235,9 @@ def _finish_block(block: _QueuedBlock, gallery: torch.Tensor, k: int) -> tuple[i
     """Wait for a queued block, redo its unsure rows over their whole rows, and return it as ``iter_knn`` yields."""
     if block.done is not None:
         block.done.synchronize()
-    values, indices = block.values, block.indices.long()
+    # copies out of the pinned buffers, which then go back to torch's pinned allocator for the blocks to come: pinned
+    # memory stays a few blocks' worth however long the caller keeps the results (allocating it is slow)
+    values, indices = block.values.clone(), block.indices.long()
     if block.unsure.any():
         rows = block.unsure.nonzero().squeeze(1)
         on_device = rows.to(gallery.device)
