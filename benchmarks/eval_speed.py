@@ -175,7 +175,7 @@ def main() -> None:
         print(f"{phase:<12}{row['seconds']:>10.1f}{ratio:>10}{speedup:>12}{row['peak_rss_mb']:>10.0f}")
     for phase, row in rows.items():
         if row["metrics"]:
-            print(f"{phase:<12}" + "  ".join(f"{key} {value:.5f}" for key, value in row["metrics"].items()))
+            print(f"{phase:<14}" + "  ".join(f"{key} {value:.5f}" for key, value in row["metrics"].items()))
     from _results import environment, write_result
 
     from deepmetric.evaluation.knn import resolve_engine
