@@ -44,6 +44,16 @@ def test_the_copy_of_rand_perm_is_faiss_own(n, seed, count):
     assert np.array_equal(kmeans.rand_perm(n, seed, count), theirs[:count])
 
 
+def test_without_faiss_the_permutation_is_the_copy(monkeypatch):
+    faiss = pytest.importorskip("faiss")
+    theirs = np.empty(1000, dtype=np.int32)
+    faiss.rand_perm(faiss.swig_ptr(theirs), 1000, 7)
+    monkeypatch.setattr(kmeans, "faiss_available", lambda: False)
+    monkeypatch.setattr(faiss, "rand_perm", lambda *a: pytest.fail("faiss asked though it is 'not installed'"))
+    assert np.array_equal(kmeans.rand_perm(1000, 7), theirs) and np.array_equal(kmeans.rand_perm(1000, 7, 30),
+                                                                                  theirs[:30])
+
+
 def test_empty_clusters_are_split_as_faiss_splits_them():
     """40 distinct points repeated to 300 (no noise): the start holds the same point several times, the copies after
     the first get no point (the lowest index wins a tie), and faiss re-seeds each from a donor drawn at random. After
@@ -55,6 +65,8 @@ def test_empty_clusters_are_split_as_faiss_splits_them():
     assert theirs.iteration_stats[0]["nsplit"] >= 5
     ours = kmeans.faiss_rule_centroids(torch.from_numpy(x), 30, niter=1).numpy()
     np.testing.assert_allclose(ours, theirs.centroids, rtol=0, atol=1e-6)
+    centroids, sizes = kmeans.centroid_means(torch.from_numpy(x), torch.arange(300) % 25, 30)
+    assert kmeans.split_empty_clusters(centroids, sizes, 300) == 5 and (sizes > 0).all()
 
 
 def split_pairs_one_draw_at_a_time(sizes: np.ndarray, n: int) -> list[tuple[int, int]]:
@@ -104,10 +116,12 @@ def test_a_donor_never_drawn_is_the_largest_cluster_after_ten_tries_per_cluster(
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("n", "classes", "dim", "noise", "seed"), [
-    (600, 120, 16, 0.5, 0), (600, 120, 16, 1.0, 1), (1000, 300, 32, 0.8, 2), (2000, 5, 8, 0.3, 3)])
+    (600, 120, 16, 0.5, 0), (600, 120, 16, 1.0, 1), (1000, 300, 32, 0.8, 2), (2000, 5, 8, 0.3, 3),
+    (512, 2, 8, 0.3, 4), (300, 1, 8, 0.3, 5)])
 def test_the_labels_are_faiss_labels(device, n, classes, dim, noise, seed):
-    """Clustered sets (the last one more than 256 points per cluster: faiss trains on a subsample): the same start,
-    steps and splits give faiss' labels, point for point."""
+    """Clustered sets (the fourth more than 256 points per cluster: faiss trains on a subsample; the fifth exactly
+    256, where it does not; the last one cluster): the same start, steps and splits give faiss' labels, point for
+    point."""
     x, _ = clustered(n, classes, dim, noise, seed)
     theirs = faiss_kmeans(x, classes)
     ours = kmeans.kmeans_faiss_rule(torch.from_numpy(x).to(device), classes).cpu().numpy()
@@ -127,8 +141,9 @@ def test_the_means_added_a_few_points_at_a_time_are_the_means_added_at_once():
 def test_as_many_points_as_clusters_makes_each_point_its_cluster():
     x, _ = clustered(20, 20, 4, 0.1, 0)
     assert kmeans.kmeans_faiss_rule(torch.from_numpy(x), 20).tolist() == list(range(20))
-    with pytest.raises(ValueError, match="1 to 20 clusters for 20 points, got 21"):
-        kmeans.kmeans_faiss_rule(torch.from_numpy(x), 21)
+    for k in (21, 0):
+        with pytest.raises(ValueError, match=f"1 to 20 clusters for 20 points, got {k}"):
+            kmeans.kmeans_faiss_rule(torch.from_numpy(x), k)
 
 
 @pytest.mark.parametrize("device", DEVICES)

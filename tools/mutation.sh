@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the mathematical core with mutmut (a dev-only tool: pip install -e '.[dev]').
 #
-#   tools/mutation.sh [module ...]      # modules: high_order losses metrics knn mirage heads (default: all)
+#   tools/mutation.sh [module ...]      # modules: high_order losses metrics knn kmeans mirage heads (default: all)
 #   nohup tools/mutation.sh losses > mutation-losses.log 2>&1 &     # the way to run it: it takes a while
 #
 # Each module is mutated in its own scratch copy of this working tree ($MUTATION_DIR/<module>, default
@@ -28,6 +28,8 @@ MUTATE[metrics]="src/deepmetric/evaluation/metrics.py"
 TESTS[metrics]="tests/test_metrics.py tests/test_properties.py"
 MUTATE[knn]="src/deepmetric/evaluation/knn.py"
 TESTS[knn]="tests/test_metrics.py tests/test_properties.py"
+MUTATE[kmeans]="src/deepmetric/evaluation/kmeans.py"
+TESTS[kmeans]="tests/test_kmeans.py"
 MUTATE[mirage]="src/deepmetric/generators/mirage.py"
 TESTS[mirage]="tests/test_mirage.py"
 MUTATE[heads]="src/deepmetric/models/heads/*"
@@ -36,7 +38,7 @@ TESTS[heads]="tests/test_head_contract.py tests/test_attention_heads.py tests/te
               tests/test_resume.py tests/test_head_options.py"
 
 modules=("$@")
-[ ${#modules[@]} -eq 0 ] && modules=(high_order losses metrics knn mirage heads)
+[ ${#modules[@]} -eq 0 ] && modules=(high_order losses metrics knn kmeans mirage heads)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for module in "${modules[@]}"; do
     [ -n "${MUTATE[$module]:-}" ] || { echo "unknown module '$module' (one of: ${!MUTATE[*]})" >&2; exit 2; }
