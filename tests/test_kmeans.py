@@ -67,6 +67,7 @@ def test_empty_clusters_are_split_as_faiss_splits_them():
     np.testing.assert_allclose(ours, theirs.centroids, rtol=0, atol=1e-6)
     centroids, sizes = kmeans.centroid_means(torch.from_numpy(x), torch.arange(300) % 25, 30)
     assert kmeans.split_empty_clusters(centroids, sizes, 300) == 5 and (sizes > 0).all()
+    assert kmeans.split_empty_clusters(centroids, sizes, 300) == 0
 
 
 def split_pairs_one_draw_at_a_time(sizes: np.ndarray, n: int) -> list[tuple[int, int]]:
@@ -117,7 +118,7 @@ def test_a_donor_never_drawn_is_the_largest_cluster_after_ten_tries_per_cluster(
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("n", "classes", "dim", "noise", "seed"), [
     (600, 120, 16, 0.5, 0), (600, 120, 16, 1.0, 1), (1000, 300, 32, 0.8, 2), (2000, 5, 8, 0.3, 3),
-    (512, 2, 8, 0.3, 4), (300, 1, 8, 0.3, 5)])
+    (2048, 8, 8, 0.3, 4), (300, 1, 8, 0.3, 5)])
 def test_the_labels_are_faiss_labels(device, n, classes, dim, noise, seed):
     """Clustered sets (the fourth more than 256 points per cluster: faiss trains on a subsample; the fifth exactly
     256, where it does not; the last one cluster): the same start, steps and splits give faiss' labels, point for
