@@ -139,6 +139,30 @@ def test_the_means_added_a_few_points_at_a_time_are_the_means_added_at_once():
     np.testing.assert_allclose(at_once[3].numpy(), x[labels == 3].mean(axis=0), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [64, 1])
+def test_the_distances_and_the_sums_stay_within_the_memory_budget(monkeypatch, rows):
+    """``memory_mb`` bounds the distances (``rows`` points x k centroids of float32) and the float64 points added at
+    a time, down to one row; the blocks change no label and no mean; the k-means passes its budget on to both."""
+    x = torch.from_numpy(clustered(1000, 50, 16, 0.5, 7)[0])
+    distance_rows, summed_rows = [], []
+    addmm, index_add = torch.addmm, torch.Tensor.index_add_
+    monkeypatch.setattr(torch, "addmm", lambda bias, block, *a, **kw: distance_rows.append(len(block))
+                        or addmm(bias, block, *a, **kw))
+    monkeypatch.setattr(torch.Tensor, "index_add_", lambda self, dim, index, source: summed_rows.append(len(source))
+                        or index_add(self, dim, index, source))
+    distances_budget, sums_budget = 4 * 50 * rows / 2**20, 8 * 16 * rows / 2**20
+    labels = kmeans.nearest_centroids(x, x[:50], memory_mb=distances_budget)
+    assert distance_rows == [rows] * (1000 // rows) + ([1000 % rows] if 1000 % rows else [])
+    means, _ = kmeans.centroid_means(x, labels, 50, memory_mb=sums_budget)
+    assert summed_rows == distance_rows
+    at_once = kmeans.centroid_means(x, labels, 50)[0]
+    assert torch.equal(labels, kmeans.nearest_centroids(x, x[:50])) and torch.equal(means, at_once)
+    distance_rows.clear()
+    summed_rows.clear()
+    kmeans.kmeans_faiss_rule(x, 50, niter=3, memory_mb=distances_budget)
+    assert max(distance_rows) == rows and max(summed_rows) == max(1, 4 * 50 * rows // (8 * 16))  # the same budget
+
+
 def test_as_many_points_as_clusters_makes_each_point_its_cluster():
     x, _ = clustered(20, 20, 4, 0.1, 0)
     assert kmeans.kmeans_faiss_rule(torch.from_numpy(x), 20).tolist() == list(range(20))
