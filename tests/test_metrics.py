@@ -260,23 +260,25 @@ def test_every_engine_gives_the_torch_engines_neighbours(k, engine):
         assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
 
 
-@pytest.mark.parametrize("k", [1, 5, 40])
+@pytest.mark.parametrize("k", [1, 5, 40, 300])
 def test_the_cuda_engines_queued_blocks_give_the_torch_engines_neighbours_on_the_cpu(k):
     """The ``cuda`` engine's path (``_queued_blocks``: nothing waits inside a block, the rows the grouped selection
-    cannot vouch for are redone when the block is read, ties are ordered in every row) run on the CPU, block by block:
-    the torch engine's neighbours to the bit, for the gallery as queries, another tensor as queries, and queries of
-    which only some have their own row in the gallery."""
+    cannot vouch for are redone when the block is read, ties are ordered in every row; rows narrower than the grouped
+    selection needs, k = 300, take the whole-row one) run on the CPU, block by block: the torch engine's neighbours to
+    the bit, for the gallery as queries, another tensor as queries, and queries of which only some have their own row
+    in the gallery."""
     from deepmetric.evaluation import knn as knn_module
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2000, 16, generator=g)
     x[100:141] = x[0]  # 41 exact duplicates: rows whose ties cross the k-th place
+    x[1990:] = x[1]  # and 10 in the last block
     x = torch.round(torch.nn.functional.normalize(x, dim=1) * 1024) / 1024  # exact products (see above)
     own = torch.arange(2000)
-    if k < 40:  # the redo path runs
-        sims = knn_module._masked_similarities(x, x, own)
-        assert knn_module.grouped_topk(sims, k)[2].sum() >= 41
     block = knn_module.block_rows_for(2000, 0.5)
+    if k < 10:  # the redo path runs, in the last block too
+        unsure = knn_module.grouped_topk(knn_module._masked_similarities(x, x, own), k)[2]
+        assert unsure[:141].sum() >= 41 and unsure[1990:].all() and 2000 % block < 10  # the last block's are all
     some_own = torch.where(own[:300] % 3 == 0, own[:300], -1)
     cases = [(x, own), (x.clone(), own), (x.clone(), None), (x[:300].clone(), some_own)]
     for query, self_index in cases:
