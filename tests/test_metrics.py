@@ -356,6 +356,22 @@ def test_each_engine_multiplies_with_what_it_names(monkeypatch):
     assert knn_module.resolve_engine("torch") == "torch"
 
 
+def test_the_cuda_engine_hands_everything_to_the_queued_blocks_on_the_current_gpu(monkeypatch):
+    """``iter_knn`` with the ``cuda`` engine: the queued path (tested on the CPU above) gets the queries, the gallery,
+    k, the own rows, the block for the gallery and budget, and this process's GPU (faked here: no GPU needed)."""
+    from deepmetric.evaluation import knn as knn_module
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(knn_module, "_queued_blocks", lambda *args: calls.append(args) or iter([(0, "v", "i")]))
+    query, gallery, own = torch.zeros(5, 4), torch.zeros(3000, 4), torch.arange(5)
+    assert list(knn_module.iter_knn(query, gallery, 7, own, memory_mb=2.0, engine="cuda")) == [(0, "v", "i")]
+    (args,) = calls
+    assert args[0] is query and args[1] is gallery and args[2] == 7 and args[3] is own
+    assert args[4:] == (knn_module.block_rows_for(3000, 2.0), torch.device("cuda", 1))
+
+
 @pytest.mark.parametrize("engine", ["torch", "numpy", "cuda"])
 def test_the_kernel_products_are_full_float32_and_the_callers_precision_is_restored(engine):
     """TF32 (precision 'high') would move CUDA similarities by about 1e-3: the kNN's products are IEEE float32
