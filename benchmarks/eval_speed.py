@@ -71,6 +71,24 @@ def clustered_set(n: int, classes: int, dim: int, noise: float, seed: int = 0) -
 RECALL_AT = (1, 10, 100, 1000)
 
 
+def bare_products(x, block: int, engine: str = "torch", device: str = "cpu", sync_each: bool = True) -> None:
+    """The similarity products of ``x`` with itself, block by block, with nothing kept (the hardware bound of the
+    kNN): by numpy's BLAS for ``engine="numpy"``, else by torch's on ``device``, in full float32; ``sync_each``
+    reads a value of each block, which waits for a GPU's block as the kNN's loop does."""
+    import torch
+
+    from deepmetric.evaluation.knn import full_float32_products, similarities
+
+    on = x.to(device)
+    with full_float32_products():
+        for s in range(0, len(x), block):
+            sims = similarities(on[s:s + block], on, engine)
+            if sync_each:
+                float(sims[:, 0].sum())
+    if not sync_each and on.device.type == "cuda":
+        torch.cuda.synchronize(on.device)
+
+
 def pml_with_recall_at(ranks: tuple[int, ...]):
     """PML's AccuracyCalculator with ``recall_at_<K>`` accuracies (a query counts when one of its first K
     neighbours shares its label), added as PML documents custom accuracies."""
@@ -93,7 +111,7 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
     from deepmetric.evaluation import retrieval_metrics
-    from deepmetric.evaluation.knn import block_rows_for, full_float32_products, iter_knn, similarities
+    from deepmetric.evaluation.knn import block_rows_for, iter_knn
     from deepmetric.evaluation.metrics import kmeans_labels
     from sklearn.metrics import normalized_mutual_info_score
 
@@ -106,12 +124,7 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     start = time.perf_counter()
     result: dict = {}
     if kind == "matmul":
-        block = block_rows_for(n)
-        checksum = 0.0
-        on = xt.cuda() if engine == "cuda" else xt
-        with full_float32_products():
-            for s in range(0, n, block):  # float() waits for the GPU's block too
-                checksum += float(similarities(on[s:s + block], on, engine)[:, 0].sum())
+        bare_products(xt, block_rows_for(n), engine, "cuda" if engine == "cuda" else "cpu")
     elif kind == "knn":
         for _ in iter_knn(xt, xt, max(RECALL_AT), torch.arange(n), engine=engine):
             pass

@@ -32,18 +32,9 @@ from pathlib import Path
 import deepmetric  # noqa: F401  (sets OPENBLAS_THREAD_TIMEOUT before numpy loads OpenBLAS)
 import torch
 from _results import environment, timed, write_result
-from eval_speed import clustered_set
+from eval_speed import bare_products, clustered_set
 
 from deepmetric.evaluation import knn as knn_module
-
-
-def products(x: torch.Tensor, device: torch.device, block: int, sync_each: bool) -> None:
-    on = x.to(device)
-    with knn_module.full_float32_products():
-        for s in range(0, len(x), block):
-            sims = knn_module.similarities(on[s:s + block], on)
-            if sync_each:
-                float(sims[:, 0].sum())
 
 
 def block_by_block(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[torch.Tensor]:
@@ -85,8 +76,8 @@ def main() -> None:
     x = torch.from_numpy(clustered_set(args.n, args.classes, args.dim, 2.2)[0])
     block = knn_module.block_rows_for(args.n)
     setups: dict[str, Callable[[], object]] = {
-        "products, a sync per block": lambda: products(x, device, block, True),
-        "products, one sync": lambda: products(x, device, block, False),
+        "products, a sync per block": lambda: bare_products(x, block, device=str(device)),
+        "products, one sync": lambda: bare_products(x, block, device=str(device), sync_each=False),
         "block by block (the engine until 2026-11-28)": lambda: block_by_block(x, device, args.k, block),
         f"queued, {block} rows a block (today's engine)": lambda: queued(x, device, args.k, block),
         f"queued, {4 * block} rows a block": lambda: queued(x, device, args.k, 4 * block),

@@ -88,11 +88,16 @@ def rand_perm_copy(n: int, seed: int, count: int) -> np.ndarray:
     return np.asarray(perm[:count], dtype=np.int64)
 
 
+def rows_within(memory_mb: float, row_bytes: int) -> int:
+    """Rows of ``row_bytes`` each that fit in ``memory_mb`` (one at the least)."""
+    return max(1, int(memory_mb * 2**20 / row_bytes))
+
+
 def nearest_centroids(points: torch.Tensor, centroids: torch.Tensor, memory_mb: float = 256.0) -> torch.Tensor:
     """Each point's nearest centroid by squared L2 distance (the lowest index among equals), in blocks of points
     whose distances stay near ``memory_mb``; full float32 products (no TF32)."""
     norms = (centroids * centroids).sum(dim=1)
-    rows = max(1, int(memory_mb * 2**20 / (4 * len(centroids))))
+    rows = rows_within(memory_mb, 4 * len(centroids))
     labels = torch.empty(len(points), dtype=torch.long, device=points.device)
     with full_float32_products():
         for start in range(0, len(points), rows):
@@ -107,7 +112,7 @@ def centroid_means(points: torch.Tensor, labels: torch.Tensor, k: int,
     host: faiss' ``hassign``). The sums are float64 (added ``memory_mb`` of points at a time), rounded to float32 and
     then scaled by ``1 / size``."""
     sums = torch.zeros(k, points.shape[1], dtype=torch.float64, device=points.device)
-    rows = max(1, int(memory_mb * 2**20 / (8 * points.shape[1])))
+    rows = rows_within(memory_mb, 8 * points.shape[1])
     for start in range(0, len(points), rows):
         sums.index_add_(0, labels[start:start + rows], points[start:start + rows].double())
     sizes = torch.bincount(labels, minlength=k).float()

@@ -104,14 +104,23 @@ def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     Wide rows go through ``grouped_topk``, which never selects over the whole row; the rare rows it cannot vouch
     for are redone over the whole row.
     """
-    b, n = sims.shape
-    if n // GROUP < 2 * (k + 1):
-        return order_ties_by_index(*_select_whole_rows(sims, k))
+    if _too_narrow_to_group(sims.shape[1], k):
+        return _whole_row_topk(sims, k)
     values, indices, unsure = grouped_topk(sims, k)
     if unsure.any():
         rows = unsure.nonzero().squeeze(1)
         values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
     return order_ties_by_index(values, indices)
+
+
+def _too_narrow_to_group(width: int, k: int) -> bool:
+    """Rows of ``width`` hold fewer than the 2 (k + 1) groups ``grouped_topk`` needs: they are selected whole."""
+    return width // GROUP < 2 * (k + 1)
+
+
+def _whole_row_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_stable`` by one selection over each whole row."""
+    return order_ties_by_index(*_select_whole_rows(sims, k))
 
 
 def grouped_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,8 +227,8 @@ def _queue_block(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor |
     """Queue a block's products, grouped top-k, tie order and copies to the host, without waiting for the device."""
     with full_float32_products():
         sims = _masked_similarities(query, gallery, own)
-    if sims.shape[1] // GROUP < 2 * (k + 1):  # narrow rows: the whole-row selection (it synchronises)
-        values, indices = topk_stable(sims, k)
+    if _too_narrow_to_group(sims.shape[1], k):  # the whole-row selection (it synchronises)
+        values, indices = _whole_row_topk(sims, k)
         unsure = torch.zeros(len(sims), dtype=torch.bool, device=sims.device)
     else:
         values, indices, unsure = grouped_topk(sims, k)
@@ -244,7 +253,7 @@ def _finish_block(block: _QueuedBlock, gallery: torch.Tensor, k: int) -> tuple[i
         own = None if block.own is None else block.own[on_device]
         with full_float32_products():
             sims = _masked_similarities(block.query[on_device], gallery, own)
-        fixed_values, fixed_indices = order_ties_by_index(*_select_whole_rows(sims, k))
+        fixed_values, fixed_indices = _whole_row_topk(sims, k)
         values[rows], indices[rows] = fixed_values.cpu(), fixed_indices.cpu()
     return block.start, values, indices
 

@@ -108,16 +108,26 @@ SKLEARN_SLOW_FROM = 200
 """From this many clusters, NMI without faiss warns that it is slow."""
 
 
+def kmeans_backend(n_clusters: int, device: torch.device | None) -> str:
+    """Which k-means ``kmeans_labels`` runs: ``torch`` (faiss' copy, on ``device``), ``faiss`` or ``scikit-learn``."""
+    if n_clusters < FAISS_KMEANS_FROM:
+        return "scikit-learn"
+    if device is not None:
+        return "torch"
+    return "faiss" if faiss_available() else "scikit-learn"
+
+
 def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0, device: torch.device | None = None) -> np.ndarray:
     """k-means assignments for NMI: from ``FAISS_KMEANS_FROM`` clusters faiss' k-means (random initialisation, 20
     iterations, seed ``seed``: what pytorch-metric-learning's NMI runs), on ``device`` by its torch copy
     (``kmeans.py``) when one is given (a GPU), else by faiss; below, and wherever faiss is not installed and no
     device is given, scikit-learn's (one k-means++ initialisation), with a warning from ``SKLEARN_SLOW_FROM``
     clusters."""
-    if n_clusters >= FAISS_KMEANS_FROM and device is not None:
+    backend = kmeans_backend(n_clusters, device)
+    if backend == "torch":
         on_device = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device)
         return kmeans_faiss_rule(on_device, n_clusters, niter=20, seed=seed).cpu().numpy()
-    if n_clusters >= FAISS_KMEANS_FROM and faiss_available():
+    if backend == "faiss":
         import faiss
 
         points = np.ascontiguousarray(x, dtype=np.float32)
@@ -142,13 +152,15 @@ def kmeans_labels(x: np.ndarray, n_clusters: int, seed: int = 0, device: torch.d
     return assignments
 
 
+def kmeans_device(engine: str) -> torch.device | None:
+    """Where NMI's k-means runs for kNN ``engine``: this process's GPU for ``cuda``, else None (the CPU's own)."""
+    return torch.device("cuda", torch.cuda.current_device()) if resolve_engine(engine) == "cuda" else None
+
+
 def kmeans_name(n_clusters: int, engine: str) -> str:
     """Which k-means ``nmi_score`` runs, in words (for the log)."""
-    if n_clusters < FAISS_KMEANS_FROM:
-        return "scikit-learn"
-    if resolve_engine(engine) == "cuda":
-        return "faiss' rule, in torch on the GPU"
-    return "faiss" if faiss_available() else "scikit-learn"
+    backend = kmeans_backend(n_clusters, kmeans_device(engine))
+    return "faiss' rule, in torch on the GPU" if backend == "torch" else backend
 
 
 def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0,
@@ -157,8 +169,7 @@ def nmi_score(embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.
     (``auto`` where torch sees a GPU) the k-means runs on the GPU (``kmeans_labels``)."""
     from sklearn.metrics import normalized_mutual_info_score
 
-    device = torch.device("cuda", torch.cuda.current_device()) if resolve_engine(engine) == "cuda" else None
-
+    device = kmeans_device(engine)
     x = np.asarray(embeddings, dtype=np.float32)
     y = np.asarray(labels)
     n_clusters = len(np.unique(y))
