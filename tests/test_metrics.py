@@ -356,6 +356,24 @@ def test_each_engine_multiplies_with_what_it_names(monkeypatch):
     assert knn_module.resolve_engine("torch") == "torch"
 
 
+def test_the_queued_blocks_redo_unsure_rows_from_the_blocks_own_similarities(monkeypatch):
+    """One product per block, none for the redo: a product of the unsure rows alone runs another kernel, whose
+    float32 rounding can part two neighbours the block's product had tied (seen at SOP's shape: a row's 100th
+    neighbour became another gallery item than the torch engine's)."""
+    from deepmetric.evaluation import knn as knn_module
+
+    x = torch.nn.functional.normalize(torch.randn(600, 16, generator=torch.Generator().manual_seed(3)), dim=1)
+    x[100:130] = x[0]  # duplicates: unsure rows to redo
+    products = []
+    real = knn_module._masked_similarities
+    monkeypatch.setattr(knn_module, "_masked_similarities", lambda q, *a: products.append(len(q)) or real(q, *a))
+    block = knn_module.block_rows_for(600, 0.2)
+    own = torch.arange(600)
+    assert knn_module.grouped_topk(real(x, x, own), 5)[2].any()
+    parts = list(knn_module._queued_blocks(x, x, 5, own, block, torch.device("cpu")))
+    assert products == [len(p[1]) for p in parts]
+
+
 def test_the_cuda_engine_hands_everything_to_the_queued_blocks_on_the_current_gpu(monkeypatch):
     """``iter_knn`` with the ``cuda`` engine: the queued path (tested on the CPU above) gets the queries, the gallery,
     k, the own rows, the block for the gallery and budget, and this process's GPU (faked here: no GPU needed)."""

@@ -206,8 +206,8 @@ class _QueuedBlock:
     """A block whose top-k is queued on the device, its copies to the host with it."""
 
     start: int
-    query: torch.Tensor  # (b, D) on the device, and the rows' own gallery indices (or None): to redo unsure rows
-    own: torch.Tensor | None
+    sims: torch.Tensor  # (b, n) on the device, own rows masked: the unsure rows are redone from these, not from a
+    # new product of those rows alone, whose kernel could round their similarities otherwise than the block's
     values: torch.Tensor  # (b, k) on the host once ``done``
     indices: torch.Tensor  # (b, k) int32
     unsure: torch.Tensor  # (b,) bool: rows the grouped selection cannot vouch for
@@ -234,13 +234,13 @@ def _queue_block(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor |
         values, indices, unsure = grouped_topk(sims, k)
         values, indices = sort_candidates(values, indices)  # ties by index in every row: cheaper than asking which
     done = torch.cuda.Event() if sims.device.type == "cuda" else None
-    queued = _QueuedBlock(start, query, own, _to_host(values), _to_host(indices.int()), _to_host(unsure), done)
+    queued = _QueuedBlock(start, sims, _to_host(values), _to_host(indices.int()), _to_host(unsure), done)
     if done is not None:
         done.record()
     return queued
 
 
-def _finish_block(block: _QueuedBlock, gallery: torch.Tensor, k: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+def _finish_block(block: _QueuedBlock, k: int) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Wait for a queued block, redo its unsure rows over their whole rows, and return it as ``iter_knn`` yields."""
     if block.done is not None:
         block.done.synchronize()
@@ -249,11 +249,7 @@ def _finish_block(block: _QueuedBlock, gallery: torch.Tensor, k: int) -> tuple[i
     values, indices = block.values.clone(), block.indices.long()
     if block.unsure.any():
         rows = block.unsure.nonzero().squeeze(1)
-        on_device = rows.to(gallery.device)
-        own = None if block.own is None else block.own[on_device]
-        with full_float32_products():
-            sims = _masked_similarities(block.query[on_device], gallery, own)
-        fixed_values, fixed_indices = _whole_row_topk(sims, k)
+        fixed_values, fixed_indices = _whole_row_topk(block.sims[rows.to(block.sims.device)], k)
         values[rows], indices[rows] = fixed_values.cpu(), fixed_indices.cpu()
     return block.start, values, indices
 
@@ -262,9 +258,10 @@ def _queued_blocks(query: torch.Tensor, gallery: torch.Tensor, k: int, self_inde
                    device: torch.device) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """The ``cuda`` engine: block i + 1 is queued on the device before block i is read back, so that the device
     never waits for the host between blocks (no synchronisation inside a block: the rows the grouped selection
-    cannot vouch for are redone when the block is read, ties are ordered in every row, and the results come back
-    as int32 indices into pinned memory). The gallery goes to the device once (and serves as the queries when they
-    are the same tensor); each block of queries goes on its own."""
+    cannot vouch for are redone from the block's similarities when it is read, ties are ordered in every row, and the
+    results come back as int32 indices into pinned memory). The gallery goes to the device once (and serves as the
+    queries when they are the same tensor); each block of queries goes on its own. Two blocks' similarities are held
+    at a time, within the three matrices ``block_rows_for`` budgets for."""
     same = query is gallery
     gallery = gallery.to(device)
     queued: _QueuedBlock | None = None
@@ -273,10 +270,10 @@ def _queued_blocks(query: torch.Tensor, gallery: torch.Tensor, k: int, self_inde
         own = None if self_index is None else self_index[start:start + block].to(device)
         following = _queue_block(q, gallery, own, start, k)
         if queued is not None:
-            yield _finish_block(queued, gallery, k)
+            yield _finish_block(queued, k)
         queued = following
     if queued is not None:
-        yield _finish_block(queued, gallery, k)
+        yield _finish_block(queued, k)
 
 
 class _FaissSearcher:
