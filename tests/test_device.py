@@ -102,15 +102,23 @@ def test_the_trainer_and_the_evaluator_pass_the_config_and_their_device_to_the_l
 # device (``torch.zeros(n)``, ``torch.tensor([...])``, ``torch.arange(k)``) lands on ``meta`` and the first operation
 # that meets the CPU inputs fails, where on a GPU it would have landed on the CPU beside CUDA inputs. Tensors made
 # with ``device=x.device`` or ``*_like(x)`` stay with their inputs. The model, the objective and the inputs are built
-# before (on the CPU), and the optimiser's step is outside (Adam makes its step counters on the CPU on purpose).
+# before (on the CPU), and every optimiser's step (the generator's own included) runs with the default lifted: Adam
+# makes its step counters on the CPU on purpose, and older torch without naming the device (found on a GPU
+# machine's torch 2.11, where MIRAGE's discriminator step failed on a ``meta`` step counter).
 
 
 class tensors_need_a_device:
     def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._hooks = (register_optimizer_step_pre_hook(lambda *_: torch.set_default_device(None)),
+                       register_optimizer_step_post_hook(lambda *_: torch.set_default_device("meta")))
         torch.set_default_device("meta")
 
     def __exit__(self, *exc):
         torch.set_default_device(None)
+        for hook in self._hooks:
+            hook.remove()
 
 
 def _train_and_embed(config, steps_in=tensors_need_a_device):
