@@ -9,8 +9,9 @@ On the SOP-shaped set of ``eval_speed.py`` (60,502 x 512, k = 1000, self removed
 - ``block by block``: the CPU engines' loop run on the GPU (``_product_block`` then ``.cpu()`` per block, with its
   host synchronisations inside the top-k): the ``cuda`` engine until 2026-11-28, measured at 6.6x on an H200;
 - ``queued``: today's ``cuda`` engine (``iter_knn``: block i + 1 queued before block i is read back, no
-  synchronisation inside a block, int32 indices into pinned memory), at the default block (256 MB of
-  similarities) and at 4 and 16 times it, and with one top-k over each whole row instead of the grouped selection.
+  synchronisation inside a block, int32 indices into pinned memory), at the CPU engines' block (256 MB for three
+  matrices of similarities) and at 4 (``knn.CUDA_BLOCK_SCALE``, the engine's since the H200 run of 2026-11-28) and
+  16 times it, and with one top-k over each whole row instead of the grouped selection.
 
 Both kNN set-ups must give the same neighbours (checked). With ``--profile``, one pass of the queued engine under
 ``torch.profiler`` prints its 15 most expensive device kernels. On a CPU (``--device cpu``, a small ``--n``) it
@@ -75,18 +76,22 @@ def main() -> None:
     device = torch.device(args.device)
     x = torch.from_numpy(clustered_set(args.n, args.classes, args.dim, 2.2)[0])
     block = knn_module.block_rows_for(args.n)
+
+    def today(scale: int) -> str:
+        return " (today's engine)" if scale == knn_module.CUDA_BLOCK_SCALE else ""
+
     setups: dict[str, Callable[[], object]] = {
         "products, a sync per block": lambda: bare_products(x, block, device=str(device)),
         "products, one sync": lambda: bare_products(x, block, device=str(device), sync_each=False),
         "block by block (the engine until 2026-11-28)": lambda: block_by_block(x, device, args.k, block),
-        f"queued, {block} rows a block (today's engine)": lambda: queued(x, device, args.k, block),
-        f"queued, {4 * block} rows a block": lambda: queued(x, device, args.k, 4 * block),
-        f"queued, {16 * block} rows a block": lambda: queued(x, device, args.k, 16 * block),
+        **{f"queued, {scale * block} rows a block{today(scale)}": (
+            lambda scale=scale: queued(x, device, args.k, scale * block)) for scale in (1, 4, 16)},
         f"queued, {block} rows a block, whole-row top-k": lambda: queued_whole_rows(x, device, args.k, block),
     }
     reference_neighbours = torch.cat(block_by_block(x, device, args.k, block))
     same = all(torch.equal(reference_neighbours, torch.cat(found)) for found in (
-        queued(x, device, args.k, block), queued_whole_rows(x, device, args.k, block)))
+        queued(x, device, args.k, block), queued(x, device, args.k, knn_module.CUDA_BLOCK_SCALE * block),
+        queued_whole_rows(x, device, args.k, block)))
     seconds: dict[str, list[float]] = {name: [] for name in setups}
     for _ in range(args.rounds):  # the first round starts the GPU's kernels and the pinned allocator: kept, medians
         for name, run in setups.items():
@@ -96,7 +101,7 @@ def main() -> None:
     print(f"{'set-up':<56}{'seconds':>10}{'x products':>12}")
     for name, value in median.items():
         print(f"{name:<56}{value:>10.3f}{value / reference:>12.2f}")
-    print(f"same neighbours, block by block and both queued selections: {same}")
+    print(f"same neighbours, block by block, queued at both blocks and both selections: {same}")
     kernels = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU] + (

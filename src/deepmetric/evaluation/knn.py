@@ -25,7 +25,8 @@ Four engines:
 - ``cuda``: the torch engine on the current CUDA device: the gallery is copied there once, each block's
   products and top-k run there in full float32 (TF32 is switched off for the products, whatever the caller
   chose), and only the (b, k) results come back. Blocks are queued one ahead and nothing inside a block waits
-  for the host (``_queued_blocks``). ``auto`` picks it wherever torch sees a CUDA device.
+  for the host (``_queued_blocks``), each ``CUDA_BLOCK_SCALE`` times the CPU engines' rows. ``auto`` picks it
+  wherever torch sees a CUDA device.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
 
 
 GROUP = 8  # groups per row in the grouped selection of ``topk_stable``
+
+CUDA_BLOCK_SCALE = 4
+"""The ``cuda`` engine's blocks hold this many times the CPU engines' rows (``memory_mb`` x 4 of device memory):
+fewer, larger blocks keep a GPU busy. On an H200 at SOP scale (60,502 x 512, k = 1000; ``benchmarks/knn_cuda.py``,
+2026-11-28) the queued kNN took 2.13 times the bare products at 369 rows a block, 1.40 at 1,476 (x 4) and 1.48 at
+5,904 (x 16)."""
 
 
 def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -330,11 +337,12 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
     engine.
     """
     engine = resolve_engine(engine)
-    block = block_rows_for(gallery.shape[0], memory_mb)
     if engine == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
+        block = block_rows_for(gallery.shape[0], CUDA_BLOCK_SCALE * memory_mb)
         yield from _queued_blocks(query, gallery, k, self_index, block, device)
         return
+    block = block_rows_for(gallery.shape[0], memory_mb)
     searcher = _FaissSearcher(gallery) if engine == "faiss" else None
     for start in range(0, query.shape[0], block):
         q = query[start:start + block]
