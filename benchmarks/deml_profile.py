@@ -6,13 +6,16 @@ a step being forward, ``.float()`` and backward of the embedding and parts, as `
 After ``--warmup`` steps each, ``--steps`` steps of each model run under ``torch.profiler`` and the script reports:
 
 - each model's step time (median, timed from an idle device), their ratio and the forward FLOP ratio;
-- the device's busy time per step (the sum of its kernels' times) and so its idle share: time the GPU waits on
+- the device's busy time per step (the sum of its kernels' times, each once: until 2026-11-28 the script counted
+  every kernel twice, under its operator and on its own row, so the H200 run of that day reported double) and so its
+  idle share: time the GPU waits on
   the host (Python, the launch of many small kernels, and host-side work such as DeML's object-attention boxes,
   computed with SciPy on the CPU after a copy of the maps from the GPU);
 - the forward time of each module of the trunk and the head (three levels down, and summed over each scale's
   ``fnets`` and ``gnets`` stages) and of each function DeML's head
   calls between its networks (``record_function`` ranges: host time, and on a GPU the device time of the kernels
-  launched inside);
+  launched inside and the range's span on the device's timeline, which counts the device's waits inside it: for
+  DeML's ``attention_boxes``, the host's SciPy work between the copy of the maps and that of the boxes);
 - the operators that take the most device time (self), and the host-device copies and synchronisations.
 
     .venv/bin/python benchmarks/deml_profile.py [--device cuda] [--backbone googlenet] [--size 224] [--batch 64] \\
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 from _results import environment, forward_macs, synchronize, timed, write_result
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from deepmetric import create_model
@@ -149,18 +153,26 @@ def main() -> None:
     for name in models:
         step_s = statistics.median(times[name])
         events = profiles[name]
-        busy_us = sum(device_time_us(e, device) for e in events if not is_label(e.key))
+        # the host's operators and ranges; the device's own rows (its kernels and copies, and on a GPU each range
+        # again, as a span of the device's timeline under the same name) are read apart: listed with the host's,
+        # every kernel would count twice and a range's host row would be overwritten by its device row
+        host = [e for e in events if e.device_type == DeviceType.CPU]
+        spans = {e.key: e for e in events if e.device_type != DeviceType.CPU and is_label(e.key)}
+        busy_us = sum(device_time_us(e, device) for e in host if not is_label(e.key))
         ranges = {e.key: {"host_ms": e.cpu_time_total / args.steps / 1e3,
                           "device_ms": device_time_us(e, device, total=True) / args.steps / 1e3,
-                          "calls": e.count / args.steps} for e in events if is_label(e.key)}
+                          "device_span_ms": (spans[e.key].device_time_total / args.steps / 1e3
+                                             if e.key in spans else None),
+                          "calls": e.count / args.steps} for e in host if is_label(e.key)}
         for key, row in list(ranges.items()):  # DeML's per-scale networks, from their stages
             parts = key.removeprefix("module head.").split(".")
             if parts[0] in ("fnets", "gnets") and len(parts) == 3:
                 total = ranges.setdefault(f"module head.{parts[0]}.{parts[1]} (its stages)",
-                                          {"host_ms": 0.0, "device_ms": 0.0, "calls": row["calls"]})
+                                          {"host_ms": 0.0, "device_ms": 0.0, "device_span_ms": None,
+                                           "calls": row["calls"]})
                 total["host_ms"] += row["host_ms"]
                 total["device_ms"] += row["device_ms"]
-        top = sorted((e for e in events if not is_label(e.key)), key=lambda e: device_time_us(e, device),
+        top = sorted((e for e in host if not is_label(e.key)), key=lambda e: device_time_us(e, device),
                      reverse=True)[:args.top]
         copies = {e.key: {"count": e.count / args.steps, "cpu_ms": e.cpu_time_total / args.steps / 1e3}
                   for e in events if any(k in e.key for k in COPIES_AND_SYNCS)}
@@ -185,10 +197,11 @@ def main() -> None:
     for name in models:
         print(f"\n{name}: the forward pass by module and function (ms a step; device: its kernels, its calls' "
               "included)")
-        print(f"  {'range':<48}{'host ms':>10}{'device ms':>11}{'calls':>7}")
+        print(f"  {'range':<48}{'host ms':>10}{'device ms':>11}{'span ms':>9}{'calls':>7}")
         for label, row in sorted(result["models"][name]["forward_ms_by_range"].items(),
                                  key=lambda kv: -kv[1]["host_ms"])[:args.top]:
-            print(f"  {label[:48]:<48}{row['host_ms']:>10.2f}{row['device_ms']:>11.2f}{row['calls']:>7.0f}")
+            span = "-" if row["device_span_ms"] is None else f"{row['device_span_ms']:.2f}"
+            print(f"  {label[:48]:<48}{row['host_ms']:>10.2f}{row['device_ms']:>11.2f}{span:>9}{row['calls']:>7.0f}")
     for name in models:
         print(f"\n{name}: top operators by self {'device' if device.type == 'cuda' else 'CPU'} time (ms a step)")
         for op in result["models"][name]["top_ops"]:
