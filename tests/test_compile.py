@@ -44,9 +44,10 @@ def test_a_compiled_run_trains_as_the_eager_one_and_its_checkpoint_is_the_plain_
 
 
 def test_deml_compiles_no_more_after_its_first_step_around_its_host_side_crop_boxes(tmp_path, caplog):
-    """DeML's object-attention box is SciPy's connected components on the host; traced, dynamo guarded on the maps'
-    values and compiled again at every step until its recompile limit (an H100, 2026-11-27). The boxes are left
-    out of the graph: a run of 6 steps compiles the graphs a run of 2 compiles, and the losses are the eager run's."""
+    """DeML's object-attention box comes from connected components (SciPy's on the host, a propagation run until it
+    settles on a GPU); traced, dynamo guarded on the maps' values and compiled again at every step until its
+    recompile limit (an H100, 2026-11-27). The boxes are left out of the graph: a run of 6 steps compiles the graphs
+    a run of 2 compiles, and the losses are the eager run's."""
     from torch._dynamo.utils import counters
 
     caplog.set_level(logging.WARNING, logger="deepmetric")

@@ -9,8 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from deepmetric.models.heads import deml_oam
 from deepmetric.models.heads.deml_oam import (
     attention_box,
+    attention_boxes,
+    attention_boxes_on_device,
+    components_on_device,
     compose_boxes,
     crop_and_zoom,
     dissimilarity_graph,
@@ -171,3 +175,91 @@ def test_composed_regions_and_pasted_maps_land_where_the_crops_came_from():
     pasted[8:16, 16:24] = 0
     assert pasted.abs().max() <= 0.5  # only the box's one-pixel rim is blended
     assert pasted[:7].abs().max() == 0 and pasted[:, :15].abs().max() == 0
+
+
+# ---- the boxes found on the device (a GPU's path), against SciPy's on the host ---------------------------------
+def scipy_components(mask: np.ndarray) -> np.ndarray:
+    """``components_on_device``'s answer from SciPy: each pixel of the mask labelled by the raster index of its
+    8-connected component's first pixel, H·W off the mask."""
+    from scipy import ndimage
+
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=int))
+    flat = labels.ravel()
+    first = {int(label): int(np.argmax(flat == label)) for label in range(1, count + 1)}
+    return np.array([first[int(v)] if v else mask.size for v in flat]).reshape(mask.shape)
+
+
+def spiral(size: int) -> np.ndarray:
+    """One long 8-connected path winding inwards from the top-left corner (its far end is far from its first
+    pixel: what plain label propagation needs many steps for)."""
+    mask, (y, x), (dy, dx) = np.zeros((size, size), dtype=bool), (0, 0), (0, 1)
+    for _ in range(4 * size * size):
+        mask[y, x] = True
+        ahead, beyond = (y + dy, x + dx), (y + 2 * dy, x + 2 * dx)
+        inside = all(0 <= v < size for v in ahead)
+        if not inside or (all(0 <= v < size for v in beyond) and mask[beyond]):
+            dy, dx = dx, -dy
+            ahead, beyond = (y + dy, x + dx), (y + 2 * dy, x + 2 * dx)
+            if not all(0 <= v < size for v in ahead) or mask[ahead] or (
+                    all(0 <= v < size for v in beyond) and mask[beyond]):
+                break
+        y, x = ahead
+    return mask
+
+
+def test_the_components_found_on_the_device_are_scipys_labelled_by_their_first_pixel():
+    rng = np.random.default_rng(0)
+    masks = [rng.random((int(rng.integers(1, 30)), int(rng.integers(1, 30)))) < rng.uniform(0.2, 0.8)
+             for _ in range(80)]
+    masks += [spiral(23), spiral(23)[::-1], spiral(23).T[:, ::-1], np.ones((9, 40), dtype=bool),
+              np.zeros((5, 5), dtype=bool), np.eye(12, dtype=bool)[::-1]]  # one anti-diagonal: 8-connected
+    for mask in masks:
+        found = components_on_device(torch.from_numpy(np.ascontiguousarray(mask))[None])[0].numpy()
+        np.testing.assert_array_equal(found, scipy_components(mask))
+    batch = np.stack([spiral(15), np.ones((15, 15), dtype=bool), rng.random((15, 15)) < 0.5])
+    found = components_on_device(torch.from_numpy(batch)).numpy()
+    for mask, labels in zip(batch, found, strict=True):  # maps of a batch do not mix
+        np.testing.assert_array_equal(labels, scipy_components(mask))
+
+
+def test_the_propagation_stops_only_when_nothing_changes(monkeypatch):
+    """With a check after every step, the spiral (one component of 300 pixels) still ends with one label; the
+    hooking is what keeps its steps few (plain propagation needs one step per pixel of the path)."""
+    steps = []
+    original = F.max_pool2d
+    monkeypatch.setattr(deml_oam, "PROPAGATION_CHECK", 1)
+    monkeypatch.setattr(deml_oam.F, "max_pool2d", lambda *a, **k: steps.append(1) or original(*a, **k))
+    mask = spiral(25)
+    labels = components_on_device(torch.from_numpy(mask)[None])[0].numpy()
+    assert set(labels[mask].tolist()) == {0} and mask.sum() > 300
+    assert len(steps) < 40
+
+
+def test_the_boxes_found_on_the_device_are_attention_box_s():
+    """Smooth maps (DeML's kind), noisy ones with many equally large components (the first in raster order is
+    kept), flat maps, non-square and one-pixel maps."""
+    rng = np.random.default_rng(1)
+    maps = [random_blobs(rng, int(rng.integers(2, 40)), int(rng.integers(2, 40))) for _ in range(60)]
+    maps += [(rng.random((int(rng.integers(2, 30)), int(rng.integers(2, 30)))) < 0.5).astype(float)
+             for _ in range(60)]
+    ties = np.zeros((10, 10))
+    ties[1:3, 6:8] = ties[6:8, 1:3] = 1.0  # two 2 x 2 components: the upper one is first in raster order
+    maps += [ties, ties.T, np.full((6, 9), 3.0), 1000.0 + 1e-5 * rng.random((6, 6)), np.ones((1, 1)),
+             np.arange(12.0).reshape(3, 4)]
+    for attention in maps:
+        attention = attention.astype(np.float32)
+        found = attention_boxes_on_device(torch.from_numpy(attention)[None])
+        assert found.dtype == torch.float32
+        assert tuple(int(v) for v in found[0]) == attention_box(attention), attention.shape
+    batch = np.stack([random_blobs(rng, 24, 20) for _ in range(8)] + [rng.random((24, 20)) for _ in range(8)])
+    batch = torch.from_numpy(batch.astype(np.float32))
+    assert torch.equal(attention_boxes_on_device(batch), attention_boxes(batch))  # a batch, against SciPy's
+
+
+def test_attention_boxes_uses_scipy_on_the_cpu_and_the_device_path_elsewhere(monkeypatch):
+    calls = []
+    monkeypatch.setattr(deml_oam, "attention_boxes_on_device", lambda maps: calls.append(maps.device.type))
+    attention_boxes(torch.rand(2, 8, 8))
+    assert calls == []
+    attention_boxes(torch.rand(2, 8, 8, device="meta"))
+    assert calls == ["meta"]

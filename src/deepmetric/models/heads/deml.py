@@ -132,13 +132,13 @@ class DeMLHead(Head):
         return self.num_scales * self.num_branches
 
     def export_blocker(self) -> str | None:
-        """With more than one scale, the object-attention module's crop box comes from SciPy's connected
-        components of the attention map, computed on the host per image: a traced graph would keep the example
-        images' boxes."""
+        """With more than one scale, the object-attention module's crop box comes from the connected components
+        of the attention map (SciPy's on the host, or a label propagation that runs until it settles on a GPU): a
+        traced graph would keep the example images' boxes."""
         if self.num_scales < 2:
             return None
         return (f"with {self.num_scales} scales, each scale's crop box is found by the object-attention module "
-                "with SciPy's connected components on the host (attention_boxes), a data-dependent step that a "
+                "from the attention map's connected components (attention_boxes), a data-dependent step that a "
                 "traced graph would freeze to the example image's box; use deepmetric embed / index / serve for "
                 "this run, or export a run trained with head_options.num_scales=1")
 
