@@ -10,7 +10,10 @@ config; only the loader that the trainer asks for (``training_loader``) is swapp
 - ``workers=W[,pinned]``: the trainer's loader with W worker processes (0: decoding in the training process)
   and, with ``pinned``, page-locked batches (``pin_memory``: the copy to a GPU can then overlap the step).
 - ``cache``: ``data.cache=true``: the training split decoded once before the run, each batch augmented on the
-  device by ``BatchedTrainTransform`` (``deepmetric.data.cache``); its decoding is not in the figures.
+  device by ``BatchedTrainTransform`` (``deepmetric.data.cache``); its decoding is not in the figures. On a GPU
+  each batch is made one ahead by a thread (``data/prefetch.py``); ``cache,when-asked`` is the same run with each
+  batch made only when the loop asks for it (no thread): the two in one process say whether the thread helps a
+  step whose host is busy launching kernels (both threads share Python's lock).
 
 Images per second are read from the run's own log (``images_per_s``, one figure per ``log_every`` steps),
 leaving out the first ``--warmup`` steps (workers starting, cuDNN choosing its kernels); the ratio of each
@@ -27,6 +30,7 @@ Prints a table and writes benchmarks/results/data_path.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -88,20 +92,23 @@ def images_per_second(run: Path, log_every: int, warmup: int) -> list[float]:
 
 def measure(args: argparse.Namespace, name: str, loader, workers: int, root: Path) -> list[float]:
     """The logged rates of one run of set-up ``name`` (``loader`` None: the trainer's own, with ``data.cache``)."""
-    original = trainer.training_loader
+    original, batches = trainer.training_loader, trainer.CachedBatches
     trainer.training_loader = loader or original
+    if name == "cache,when-asked":
+        trainer.CachedBatches = functools.partial(batches, prefetch=False)
     try:
         out = Path(tempfile.mkdtemp(dir=root, prefix=name.replace("=", "-").replace(",", "-")))
-        trainer.train(run_config(args, workers, cache=name == "cache"), out, progress=False)
+        trainer.train(run_config(args, workers, cache=name.startswith("cache")), out, progress=False)
     finally:
-        trainer.training_loader = original
+        trainer.training_loader, trainer.CachedBatches = original, batches
     return images_per_second(out, args.log_every, args.warmup)
 
 
 def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) -> dict[str, float]:
     """Median seconds to produce one batch on ``device``, uncached (the trainer's loader without workers: read,
-    ``TrainTransform`` and collate in this process) and cached (``CachedBatches``), interleaved batch by batch so
-    that the machine's load weighs on both alike; the cache's one-off decoding is timed too."""
+    ``TrainTransform`` and collate in this process) and cached (``CachedBatches`` made when asked: with its thread
+    the batch would be ready and the figure say nothing), interleaved batch by batch so that the machine's load
+    weighs on both alike; the cache's one-off decoding is timed too."""
     import time
 
     import numpy as np
@@ -125,7 +132,7 @@ def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) 
     cache = ImageCache.build(table, d.image_size, d.resize_range, d.train_pad, device)
     decoding = time.perf_counter() - start
     augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
-    cached = iter(CachedBatches(cache, sampler(), labels, augment, device))
+    cached = iter(CachedBatches(cache, sampler(), labels, augment, device, prefetch=False))
     dataset = ImageDataset(table, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad), labels)
     uncached = iter(trainer.training_loader(dataset, sampler(), 0, False, device))
     times: dict[str, list[float]] = {"uncached": [], "cached": []}
@@ -169,6 +176,8 @@ def main() -> None:
         setups += [(f"workers={workers}" + (",pinned" if pin else ""), pinned_loader(pin), workers) for pin in pins]
     if not args.no_cache:
         setups.append(("cache", None, 0))
+        if device.type == "cuda":  # where the thread is on
+            setups.append(("cache,when-asked", None, 0))
     windows: dict[str, list[float]] = {name: [] for name, _, _ in setups}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(args.rounds):
