@@ -146,19 +146,20 @@ class BatchedTrainTransform:
         device = torch.device(device) if device is not None else images[0].device
         draws = self.draws(shapes, seeds)
         height, width = max(int(i.shape[1]) for i in images), max(int(i.shape[2]) for i in images)
-        batch = torch.zeros(len(images), 3, height, width, dtype=torch.uint8, device=images[0].device)
-        for k, image in enumerate(images):
-            batch[k, :, :image.shape[1], :image.shape[2]] = image
+        if all(int(i.shape[1]) == height and int(i.shape[2]) == width for i in images):
+            batch = torch.stack(list(images))  # one operation where the images share a size (emoji, icons)
+        else:
+            batch = torch.zeros(len(images), 3, height, width, dtype=torch.uint8, device=images[0].device)
+            for k, image in enumerate(images):
+                batch[k, :, :image.shape[1], :image.shape[2]] = image
         batch = batch.to(device, non_blocking=True).float()  # (B, 3, H, W)
-
-        def column(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-        wy = resampling_weights(column([int(i.shape[1]) for i in images]), column([d.height for d in draws]),
-                                column([d.row for d in draws]), self.size, height)  # (B, size, H)
-        wx = resampling_weights(column([int(i.shape[2]) for i in images]), column([d.width for d in draws]),
-                                column([d.column for d in draws]), self.size, width)  # (B, size, W)
-        flipped = column([d.flip for d in draws]).bool()[:, None, None]
-        wx = torch.where(flipped, wx.flip(1), wx)
+        # the per-sample figures in one copy to the device: each operation is a host's launch on a GPU
+        columns = torch.tensor([[int(i.shape[1]) for i in images], [d.height for d in draws], [d.row for d in draws],
+                                [int(i.shape[2]) for i in images], [d.width for d in draws],
+                                [d.column for d in draws], [d.flip for d in draws]], dtype=torch.int64)
+        source_h, resized_h, row, source_w, resized_w, column, flip = columns.to(device, non_blocking=True)
+        wy = resampling_weights(source_h, resized_h, row, self.size, height)  # (B, size, H)
+        wx = resampling_weights(source_w, resized_w, column, self.size, width)  # (B, size, W)
+        wx = torch.where(flip.bool()[:, None, None], wx.flip(1), wx)
         crops = wy[:, None] @ batch @ wx.transpose(1, 2)[:, None]  # (B, 3, size, size)
         return crops.round_().clamp_(0, 255).div_(255.0)
