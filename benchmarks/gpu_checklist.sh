@@ -8,8 +8,8 @@
 # /tmp/site). deepmetric itself runs from src/ (PYTHONPATH), not installed.
 #
 #   OUT=/some/folder benchmarks/gpu_checklist.sh [section ...]
-#   sections: setup tests data train eval eval-no-nmi knn compile cache compile-heads compile-curves infer ddp
-#             deml-profile
+#   sections: setup tests data train eval eval-no-nmi knn knn-cpu compile cache compile-heads compile-curves infer
+#             ddp deml-profile
 #   (default: setup tests data train eval compile)
 #   EVAL_PHASES (eval: its CPU phases) and CACHE_SIZES (cache: the sizes) shorten a section for a short lease.
 #   cache, compile-heads and compile-curves read the emoji table from .gpu-train/emoji.tar.gz, unpacked by setup.
@@ -79,6 +79,12 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('fa
     section eval-no-nmi
     timeout 180 $PY benchmarks/eval_speed.py --cuda --phases pml \
       --out "$RES/eval_speed_cuda_no_nmi.json" 2>&1 | tee "$RES/eval_speed_no_nmi.log"
+    ;;
+  knn-cpu)  # 3. the CPU engines on the machine's Intel CPU, held to 2 cores as the CPU machines have (no GPU phase)
+    section knn-cpu
+    $(command -v taskset >/dev/null && echo taskset -c 0,1) env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout 300 $PY \
+      benchmarks/eval_speed.py --phases matmul-torch,matmul-numpy,knn-torch,knn-numpy \
+      --out "$RES/eval_speed_knn_intel.json" 2>&1 | tee "$RES/eval_speed_knn_intel.log"
     ;;
   knn)  # 3. where the cuda kNN's time goes: the engine until 2026-11-28, today's queued one, bigger blocks, a profile
     section knn
