@@ -109,6 +109,26 @@ def test_a_batch_of_images_of_different_sizes_is_each_images_own_crop():
         assert torch.allclose(batch[k], alone[0], atol=LEVEL)
 
 
+def test_a_batch_is_made_without_reading_a_value_back_from_its_device(monkeypatch):
+    """On a GPU a value read from a device tensor makes the host wait for everything queued before it, the training
+    step included, so the thread that makes the next batch could not work ahead (the filter's width was read so
+    until 2026-11-28). Here every read of a tensor's value fails; the batch is made all the same."""
+    size, resize_range = 16, (0.8, 1.5)
+    images = [noise(10, 14, 1), noise(24, 8, 2), smooth(40, 30)]
+    cached = [cache_image(i, size, resize_range, "size") for i in images]
+    shapes, seeds = [i.shape[:2] for i in images], [1, 2, 3]
+    expected = BatchedTrainTransform(size, resize_range)(cached, shapes, seeds)
+
+    def read(*_):
+        raise AssertionError("a tensor's value was read on the host")
+
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, read)
+    batch = BatchedTrainTransform(size, resize_range)(cached, shapes, seeds)
+    monkeypatch.undo()
+    assert torch.equal(batch, expected)
+
+
 def test_cached_batches_are_the_loaders_batches_to_one_level():
     table = make_table(n_classes=6, per_class=5, size=24).split("train")
     labels = np.searchsorted(np.unique(table.labels), table.labels)

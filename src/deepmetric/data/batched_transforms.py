@@ -94,13 +94,23 @@ def cache_image(image: np.ndarray, size: int, resize_range: tuple[float, float],
     return tensor if tuple(tensor.shape[1:]) == shape else F.resize(tensor, list(shape), antialias=True)
 
 
+def filter_taps(sources: Sequence[int], resized: Sequence[int]) -> int:
+    """The most source pixels one output pixel of ``resampling_weights`` can weigh, for these (source, resized)
+    lengths of one axis: ``ceil(2 x the widest support) + 2``, the support being ``source / resized`` when shrinking
+    and 1 when enlarging. Computed on the host from the lengths the host knows: read from the device's tensors it
+    would make the host wait for the device (for everything queued before, the training step's kernels included)."""
+    support = max(max(s / r, 1.0) for s, r in zip(sources, resized, strict=True))
+    return int(math.ceil(2 * support)) + 2
+
+
 def resampling_weights(source: torch.Tensor, resized: torch.Tensor, offset: torch.Tensor, size: int,
-                       length: int) -> torch.Tensor:
+                       length: int, taps: int) -> torch.Tensor:
     """(B, size, length) float32: row i of sample b weighs the ``source[b]`` pixels of one axis (zero beyond it, up
     to ``length``) into crop pixel i, which is pixel ``i + offset[b]`` of that axis resized to ``resized[b]``, as
     torch's antialiased bilinear resize does (``upsample_bilinear2d_aa``: centre ``scale (i + 1/2)``, support and
     filter width ``scale`` when shrinking, 1 when enlarging, edges clamped, weights normalised); zero rows where
-    the crop pixel lies on the black padding. ``source``, ``resized``, ``offset``: (B,) int64."""
+    the crop pixel lies on the black padding. ``source``, ``resized``, ``offset``: (B,) int64; ``taps``: at least
+    ``filter_taps`` of their lengths. Nothing is read back from the device."""
     device = source.device
     src, out = source.double()[:, None], resized.double()[:, None]  # (B, 1)
     index = offset[:, None] + torch.arange(size, device=device)  # (B, size): the pixel of the resized axis
@@ -112,7 +122,6 @@ def resampling_weights(source: torch.Tensor, resized: torch.Tensor, offset: torc
     first = torch.clamp(torch.trunc(centre - support + 0.5), min=0)
     end = torch.minimum(torch.trunc(centre + support + 0.5), src)
     # only the window [first, end) of each row can be nonzero: its at most ``taps`` pixels, then placed in the row
-    taps = int(math.ceil(2 * float(support.max()))) + 2
     pixel = first[..., None] + torch.arange(taps, device=device, dtype=torch.float64)  # (B, size, taps)
     weights = torch.clamp(1 - ((pixel - centre[..., None] + 0.5) * inverse[..., None]).abs(), min=0)
     weights = weights * (pixel < end[..., None])
@@ -154,12 +163,14 @@ class BatchedTrainTransform:
                 batch[k, :, :image.shape[1], :image.shape[2]] = image
         batch = batch.to(device, non_blocking=True).float()  # (B, 3, H, W)
         # the per-sample figures in one copy to the device: each operation is a host's launch on a GPU
-        columns = torch.tensor([[int(i.shape[1]) for i in images], [d.height for d in draws], [d.row for d in draws],
-                                [int(i.shape[2]) for i in images], [d.width for d in draws],
-                                [d.column for d in draws], [d.flip for d in draws]], dtype=torch.int64)
-        source_h, resized_h, row, source_w, resized_w, column, flip = columns.to(device, non_blocking=True)
-        wy = resampling_weights(source_h, resized_h, row, self.size, height)  # (B, size, H)
-        wx = resampling_weights(source_w, resized_w, column, self.size, width)  # (B, size, W)
+        figures = [[int(i.shape[1]) for i in images], [d.height for d in draws], [d.row for d in draws],
+                   [int(i.shape[2]) for i in images], [d.width for d in draws], [d.column for d in draws],
+                   [int(d.flip) for d in draws]]
+        taps_h, taps_w = filter_taps(figures[0], figures[1]), filter_taps(figures[3], figures[4])
+        columns = torch.tensor(figures, dtype=torch.int64).to(device, non_blocking=True)
+        source_h, resized_h, row, source_w, resized_w, column, flip = columns
+        wy = resampling_weights(source_h, resized_h, row, self.size, height, taps_h)  # (B, size, H)
+        wx = resampling_weights(source_w, resized_w, column, self.size, width, taps_w)  # (B, size, W)
         wx = torch.where(flip.bool()[:, None, None], wx.flip(1), wx)
         crops = wy[:, None] @ batch @ wx.transpose(1, 2)[:, None]  # (B, 3, size, size)
         return crops.round_().clamp_(0, 255).div_(255.0)
