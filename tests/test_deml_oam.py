@@ -245,7 +245,7 @@ def test_the_boxes_found_on_the_device_are_attention_box_s():
     ties = np.zeros((10, 10))
     ties[1:3, 6:8] = ties[6:8, 1:3] = 1.0  # two 2 x 2 components: the upper one is first in raster order
     maps += [ties, ties.T, np.full((6, 9), 3.0), 1000.0 + 1e-5 * rng.random((6, 6)), np.ones((1, 1)),
-             np.arange(12.0).reshape(3, 4)]
+             np.arange(12.0).reshape(3, 4), 1e-13 + 2e-13 * ties, 1e-13 + 1e-20 * rng.random((6, 6))]  # below 1e-12
     for attention in maps:
         attention = attention.astype(np.float32)
         found = attention_boxes_on_device(torch.from_numpy(attention)[None])

@@ -167,9 +167,8 @@ def attention_boxes_on_device(attention: torch.Tensor) -> torch.Tensor:
     maps = attention.detach().float()
     b, h, w = maps.shape
     flat_maps = maps.flatten(1)
-    peak, low = flat_maps.amax(dim=1), flat_maps.amin(dim=1)
-    scale = torch.maximum(torch.maximum(peak.abs(), low.abs()), torch.full_like(peak, 1e-12))
-    flat = (peak.double() - low.double()) <= FLAT * scale.double()
+    peak, low = flat_maps.amax(dim=1).double(), flat_maps.amin(dim=1).double()  # attention_box's Python floats
+    flat = peak - low <= FLAT * torch.maximum(torch.maximum(peak.abs(), low.abs()), torch.full_like(peak, 1e-12))
     above = maps.double() > maps.double().mean(dim=(1, 2), keepdim=True)
     labels = components_on_device(above).flatten(1)  # (B, H·W), H·W off the mask
     sizes = torch.zeros(b, h * w + 1, dtype=torch.int64, device=maps.device)
