@@ -170,6 +170,8 @@ def test_composed_regions_and_pasted_maps_land_where_the_crops_came_from():
     outer = torch.tensor([[8.0, 0.0, 24.0, 16.0]])
     inner = torch.tensor([[16.0, 16.0, 32.0, 32.0]])  # the lower-right quarter of the 32 x 32 crop
     assert torch.equal(compose_boxes(outer, inner, (32, 32)), torch.tensor([[16.0, 8.0, 24.0, 16.0]]))
+    inner = torch.tensor([[4.0, 8.0, 12.0, 16.0]])  # a box whose right and bottom differ: x1 is read for x, y1 for y
+    assert torch.equal(compose_boxes(outer, inner, (32, 32)), torch.tensor([[10.0, 4.0, 14.0, 8.0]]))
     pasted = paste(torch.ones(1, 32, 32), torch.tensor([[16.0, 8.0, 24.0, 16.0]]))[0]
     assert torch.allclose(pasted[8:16, 16:24], torch.ones(8, 8))
     pasted[8:16, 16:24] = 0
@@ -246,11 +248,27 @@ def test_the_boxes_found_on_the_device_are_attention_box_s():
     ties[1:3, 6:8] = ties[6:8, 1:3] = 1.0  # two 2 x 2 components: the upper one is first in raster order
     maps += [ties, ties.T, np.full((6, 9), 3.0), 1000.0 + 1e-5 * rng.random((6, 6)), np.ones((1, 1)),
              np.arange(12.0).reshape(3, 4), 1e-13 + 2e-13 * ties, 1e-13 + 1e-20 * rng.random((6, 6))]  # below 1e-12
+    at_the_mean = np.zeros((10, 10))
+    at_the_mean[:5, :5], at_the_mean[:5, 5:], at_the_mean[5:, :5] = 2.0, 1.0, 1.0  # mean exactly 1: the 1s not above
+    corner = np.zeros((6, 6))
+    corner[0, 0] = 1.0  # a one-pixel component in the first row and column
+    faint = 1e-13 + 5e-19 * rng.random((6, 6))  # below FLAT x 1e-12: flat, however small the map
+    maps += [at_the_mean, corner, faint]
+    assert attention_box(at_the_mean.astype(np.float32)) == (0, 0, 5, 5)
+    assert attention_box(corner.astype(np.float32)) == (0, 0, 1, 1)
+    assert attention_box(faint.astype(np.float32)) == (0, 0, 6, 6)
     for attention in maps:
         attention = attention.astype(np.float32)
         found = attention_boxes_on_device(torch.from_numpy(attention)[None])
         assert found.dtype == torch.float32
-        assert tuple(int(v) for v in found[0]) == attention_box(attention), attention.shape
+        assert found[0].tolist() == [float(v) for v in attention_box(attention)], attention.shape  # whole pixels
+    bump = np.zeros((6, 6))
+    bump[1:3, 1:3] = 1.0
+    mixed = np.stack([1000.0 + 5e-4 * bump, 2000 * rng.random((6, 6)), corner])  # apart in scale; the first flat
+    mixed = mixed.astype(np.float32)
+    expected = [list(attention_box(m)) for m in mixed]
+    assert expected[0] == [0, 0, 6, 6]
+    assert attention_boxes_on_device(torch.from_numpy(mixed)).int().tolist() == expected
     batch = np.stack([random_blobs(rng, 24, 20) for _ in range(8)] + [rng.random((24, 20)) for _ in range(8)])
     batch = torch.from_numpy(batch.astype(np.float32))
     assert torch.equal(attention_boxes_on_device(batch), attention_boxes(batch))  # a batch, against SciPy's
