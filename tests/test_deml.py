@@ -100,6 +100,25 @@ def test_the_finer_scale_sees_the_crop_and_no_gradient_crosses_scales():
     assert second is None or not second.any()  # the crop is not differentiable: scale 2 learns only in its copy
 
 
+def test_deml_3_3_gives_the_same_output_with_its_boxes_found_as_on_a_gpu(monkeypatch):
+    """The boxes a GPU finds on the device (``attention_boxes_on_device``), forced here on the CPU, give DeML(3,3)'s
+    forward pass the crops, regions, embedding and parts that SciPy's boxes give."""
+    from deepmetric.models.heads import deml as deml_module
+    from deepmetric.models.heads.deml_oam import attention_boxes_on_device
+
+    model = deml(3, 3, embedding_dim=18).eval()
+    images = model.normalize(torch.rand(6, 3, 48, 48, generator=torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        by_scipy = model.head(images)
+        monkeypatch.setattr(deml_module, "attention_boxes", attention_boxes_on_device)
+        on_device = model.head(images)
+    assert not torch.equal(by_scipy.extras["regions"][:, 1], torch.tensor([[0.0, 0, 48, 48]] * 6))  # real crops
+    for key in ("regions", "scale_inputs"):
+        assert torch.equal(by_scipy.extras[key], on_device.extras[key]), key
+    assert torch.equal(by_scipy.embedding, on_device.embedding)
+    assert all(torch.equal(a, b) for a, b in zip(by_scipy.parts, on_device.parts, strict=True))
+
+
 def test_the_finer_scales_attention_is_pasted_back_into_the_region_it_saw():
     """The attention of scale 2 is computed on the zoomed crop and shown in the original frame: zero outside the
     crop's region, and that map placed (``paste``) at the region; scale 1's map is left in the frame it was made."""
