@@ -249,3 +249,22 @@ def test_the_embedding_pass_runs_under_autocast_on_cuda(amp):
     low = embed_table(model, table, EmbedSettings(24, progress=False, device="cuda:0", amp=amp))
     assert low.dtype == np.float32 and np.abs(low - plain).max() < 0.05 and not np.array_equal(low, plain)
     np.testing.assert_allclose(np.linalg.norm(low, axis=1), 1.0, atol=1e-5)
+
+
+def test_demls_boxes_found_on_the_gpu_are_scipys():
+    """``attention_boxes`` on CUDA maps runs the device path (no copy of the maps to the host): the boxes SciPy finds
+    for the same maps on the host, DeML's kind (smooth bumps resized to 224 x 224) and noisy ones."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from deepmetric.models.heads.deml_oam import attention_box, attention_boxes
+
+    g = torch.Generator().manual_seed(0)
+    smooth = F.interpolate(torch.rand(24, 1, 14, 14, generator=g), size=(224, 224), mode="bilinear",
+                           align_corners=False).squeeze(1)
+    noisy = (torch.rand(8, 40, 40, generator=g) < 0.3).float()  # many small components, some equally large
+    for maps in (smooth, noisy):
+        found = attention_boxes(maps.to("cuda"))
+        assert found.device.type == "cuda"
+        expected = [list(attention_box(m)) for m in maps.numpy().astype(np.float32)]
+        assert found.int().tolist() == expected
