@@ -180,7 +180,7 @@ def test_composed_regions_and_pasted_maps_land_where_the_crops_came_from():
 
 
 # ---- the boxes found on the device (a GPU's path), against SciPy's on the host ---------------------------------
-def scipy_components(mask: np.ndarray) -> np.ndarray:
+def scipy_labels_by_first_pixel(mask: np.ndarray) -> np.ndarray:
     """``components_on_device``'s answer from SciPy: each pixel of the mask labelled by the raster index of its
     8-connected component's first pixel, H·W off the mask."""
     from scipy import ndimage
@@ -217,11 +217,11 @@ def test_the_components_found_on_the_device_are_scipys_labelled_by_their_first_p
               np.zeros((5, 5), dtype=bool), np.eye(12, dtype=bool)[::-1]]  # one anti-diagonal: 8-connected
     for mask in masks:
         found = components_on_device(torch.from_numpy(np.ascontiguousarray(mask))[None])[0].numpy()
-        np.testing.assert_array_equal(found, scipy_components(mask))
+        np.testing.assert_array_equal(found, scipy_labels_by_first_pixel(mask))
     batch = np.stack([spiral(15), np.ones((15, 15), dtype=bool), rng.random((15, 15)) < 0.5])
     found = components_on_device(torch.from_numpy(batch)).numpy()
     for mask, labels in zip(batch, found, strict=True):  # maps of a batch do not mix
-        np.testing.assert_array_equal(labels, scipy_components(mask))
+        np.testing.assert_array_equal(labels, scipy_labels_by_first_pixel(mask))
 
 
 def test_the_propagation_stops_only_when_nothing_changes(monkeypatch):
@@ -272,6 +272,7 @@ def test_the_boxes_found_on_the_device_are_attention_box_s():
     batch = np.stack([random_blobs(rng, 24, 20) for _ in range(8)] + [rng.random((24, 20)) for _ in range(8)])
     batch = torch.from_numpy(batch.astype(np.float32))
     assert torch.equal(attention_boxes_on_device(batch), attention_boxes(batch))  # a batch, against SciPy's
+    assert attention_boxes_on_device(batch).int().tolist() == [list(attention_box(m)) for m in batch.numpy()]
 
 
 def test_attention_boxes_uses_scipy_on_the_cpu_and_the_device_path_elsewhere(monkeypatch):

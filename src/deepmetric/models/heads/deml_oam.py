@@ -89,12 +89,6 @@ def object_attention(layers: list[torch.Tensor], size: tuple[int, int], steps: i
     return torch.stack(maps).mean(dim=0).squeeze(1)
 
 
-def _square_about(low: int, high: int, side: int, limit: int) -> int:
-    """Start of the interval of length ``side`` centred on [low, high), shifted into [0, limit)."""
-    start = int(np.floor((low + high) / 2 - side / 2))
-    return min(max(start, 0), limit - side)
-
-
 def largest_component(mask: np.ndarray) -> np.ndarray:
     """The largest 8-connected component of a boolean (H, W) mask (empty if the mask is)."""
     labels, count = ndimage.label(mask, structure=np.ones((3, 3), dtype=int))
@@ -104,22 +98,53 @@ def largest_component(mask: np.ndarray) -> np.ndarray:
     return labels == (1 + int(sizes.argmax()))
 
 
+def is_flat(maps: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: maps (B, H, W) whose range is at most ``FLAT`` x their magnitude (floored at 1e-12), in float64:
+    no object found there."""
+    peak, low = maps.flatten(1).amax(dim=1).double(), maps.flatten(1).amin(dim=1).double()
+    return peak - low <= FLAT * torch.maximum(torch.maximum(peak.abs(), low.abs()), torch.full_like(peak, 1e-12))
+
+
+def square_boxes(component: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Step 4's box around each map's largest component (B, H, W) bool: (B, 4) float32 ``(x0, y0, x1, y1)`` (pixels,
+    end exclusive), the square of side max(w, h) of the component's bounding box about its centre, shifted (not
+    clipped) into the image; the whole image where the map is ``flat`` or the component empty."""
+    b, h, w = component.shape
+    rows, columns = component.any(dim=2), component.any(dim=1)  # (B, H), (B, W)
+    empty = ~rows.any(dim=1) | flat
+
+    def span(present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(present.shape[1], device=present.device)
+        first = torch.where(present, positions, present.shape[1]).amin(dim=1)
+        last = torch.where(present, positions, -1).amax(dim=1)
+        return first, last + 1
+
+    (y0, y1), (x0, x1) = span(rows), span(columns)
+    side = torch.clamp(torch.maximum(x1 - x0, y1 - y0), max=min(w, h))
+
+    def square_about(low: torch.Tensor, high: torch.Tensor, limit: int) -> torch.Tensor:
+        """Start of the interval of length ``side`` centred on [low, high), shifted into [0, limit)."""
+        start = torch.div(low + high - side, 2, rounding_mode="floor")
+        return torch.minimum(torch.clamp(start, min=0), limit - side)
+
+    left, top = square_about(x0, x1, w), square_about(y0, y1, h)
+    boxes = torch.stack([left, top, left + side, top + side], dim=1)
+    whole = torch.tensor([0, 0, w, h], device=component.device)
+    return torch.where(empty[:, None], whole, boxes).float()
+
+
+def scipy_components(maps: np.ndarray) -> np.ndarray:
+    """(B, H, W) bool: each map's largest component above its mean (float64), found by SciPy on the host."""
+    return np.stack([largest_component(m > m.mean(dtype=np.float64)) for m in maps])
+
+
 def attention_box(attention: np.ndarray) -> tuple[int, int, int, int]:
     """Box ``(x0, y0, x1, y1)`` (pixels, end exclusive) of one map (H, W): square about the centre of the largest
     component above the map's mean, side max(w, h), inside the image; the whole image for a flat map."""
-    height, width = attention.shape
-    whole = (0, 0, width, height)
-    peak, low = float(attention.max()), float(attention.min())
-    if peak - low <= FLAT * max(abs(peak), abs(low), 1e-12):
-        return whole
-    component = largest_component(attention > attention.mean(dtype=np.float64))
-    ys, xs = np.nonzero(component)
-    if len(xs) == 0:
-        return whole
-    x0, x1, y0, y1 = int(xs.min()), int(xs.max()) + 1, int(ys.min()), int(ys.max()) + 1
-    side = min(max(x1 - x0, y1 - y0), width, height)
-    left, top = _square_about(x0, x1, side, width), _square_about(y0, y1, side, height)
-    return left, top, left + side, top + side
+    maps = np.asarray(attention)[None]
+    box = square_boxes(torch.from_numpy(scipy_components(maps)), is_flat(torch.from_numpy(maps)))[0]
+    x0, y0, x1, y1 = (int(v) for v in box.tolist())
+    return x0, y0, x1, y1
 
 
 PROPAGATION_CHECK = 4
@@ -159,42 +184,24 @@ def components_on_device(mask: torch.Tensor) -> torch.Tensor:
             return labels[:, :off].long().view(b, h, w)
 
 
+def largest_components_on_device(above: torch.Tensor) -> torch.Tensor:
+    """``scipy_components`` of masks (B, H, W) on their device: the largest component of ``components_on_device``,
+    the first in raster order among equally large ones (as SciPy's labels and ``argmax`` choose)."""
+    b, h, w = above.shape
+    labels = components_on_device(above).flatten(1)  # (B, H·W), H·W off the mask
+    sizes = torch.zeros(b, h * w + 1, dtype=torch.int64, device=above.device)
+    sizes.scatter_add_(1, labels, torch.ones_like(labels))
+    largest = sizes[:, :-1].argmax(dim=1, keepdim=True)  # the first of the largest: the least first pixel
+    return (labels == largest).view(b, h, w) & above
+
+
 def attention_boxes_on_device(attention: torch.Tensor) -> torch.Tensor:
     """``attention_box`` of every map of a batch (B, H, W) computed on the maps' device, without copying them to
     the host: (B, 4) float32. The same boxes as ``attention_box`` (tested): the map's mean in float64, the largest
-    component of ``components_on_device`` (the first in raster order among equally large ones, as SciPy's labels
-    and ``argmax`` choose), the square about it shifted inside the image; the whole image for a flat map."""
+    component found by ``largest_components_on_device``, and the same ``square_boxes``."""
     maps = attention.detach().float()
-    b, h, w = maps.shape
-    flat_maps = maps.flatten(1)
-    peak, low = flat_maps.amax(dim=1).double(), flat_maps.amin(dim=1).double()  # attention_box's Python floats
-    flat = peak - low <= FLAT * torch.maximum(torch.maximum(peak.abs(), low.abs()), torch.full_like(peak, 1e-12))
     above = maps.double() > maps.double().mean(dim=(1, 2), keepdim=True)
-    labels = components_on_device(above).flatten(1)  # (B, H·W), H·W off the mask
-    sizes = torch.zeros(b, h * w + 1, dtype=torch.int64, device=maps.device)
-    sizes.scatter_add_(1, labels, torch.ones_like(labels))
-    largest = sizes[:, :-1].argmax(dim=1, keepdim=True)  # the first of the largest: the least first pixel
-    component = (labels == largest).view(b, h, w) & above
-    rows, columns = component.any(dim=2), component.any(dim=1)  # (B, H), (B, W)
-    empty = ~rows.any(dim=1) | flat
-
-    def span(present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(present.shape[1], device=present.device)
-        first = torch.where(present, positions, present.shape[1]).amin(dim=1)
-        last = torch.where(present, positions, -1).amax(dim=1)
-        return first, last + 1
-
-    (y0, y1), (x0, x1) = span(rows), span(columns)
-    side = torch.clamp(torch.maximum(x1 - x0, y1 - y0), max=min(w, h))
-
-    def square_about(low_: torch.Tensor, high: torch.Tensor, limit: int) -> torch.Tensor:  # _square_about
-        start = torch.div(low_ + high - side, 2, rounding_mode="floor")
-        return torch.minimum(torch.clamp(start, min=0), limit - side)
-
-    left, top = square_about(x0, x1, w), square_about(y0, y1, h)
-    boxes = torch.stack([left, top, left + side, top + side], dim=1)
-    whole = torch.tensor([0, 0, w, h], device=maps.device)
-    return torch.where(empty[:, None], whole, boxes).float()
+    return square_boxes(largest_components_on_device(above), is_flat(maps))
 
 
 @torch.compiler.disable
@@ -207,8 +214,8 @@ def attention_boxes(attention: torch.Tensor) -> torch.Tensor:
     and compiled again at every step until its recompile limit (an H100, 2026-11-27)."""
     if attention.device.type != "cpu":
         return attention_boxes_on_device(attention)
-    maps = attention.detach().float().numpy()
-    return torch.tensor([attention_box(m) for m in maps], dtype=torch.float32, device=attention.device)
+    maps = attention.detach().float()
+    return square_boxes(torch.from_numpy(scipy_components(maps.numpy())), is_flat(maps))
 
 
 def _affine(boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
