@@ -85,6 +85,8 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('fa
     $(command -v taskset >/dev/null && echo taskset -c 0,1) env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout 300 $PY \
       benchmarks/eval_speed.py --phases matmul-torch,matmul-numpy,knn-torch,knn-numpy \
       --out "$RES/eval_speed_knn_intel.json" 2>&1 | tee "$RES/eval_speed_knn_intel.log"
+    $(command -v taskset >/dev/null && echo taskset -c 0,1) env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout 90 $PY \
+      benchmarks/topk_selection.py --out "$RES/topk_selection_intel.json" 2>&1 | tee "$RES/topk_selection_intel.log"
     ;;
   knn)  # 3. where the cuda kNN's time goes: the engine until 2026-11-28, today's queued one, bigger blocks, a profile
     section knn

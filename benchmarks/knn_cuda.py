@@ -36,6 +36,7 @@ from _results import environment, timed, write_result
 from eval_speed import bare_products, clustered_set
 
 from deepmetric.evaluation import knn as knn_module
+from deepmetric.evaluation import topk as topk_module
 
 
 def block_by_block(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[torch.Tensor]:
@@ -54,11 +55,11 @@ def queued(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[to
 def queued_whole_rows(x: torch.Tensor, device: torch.device, k: int, block: int) -> list[torch.Tensor]:
     """The queued engine with the grouped selection switched off (``GROUP`` larger than any row): one top-k over each
     whole row, whose tie check synchronises once a block. Which selection is faster on a GPU is what it asks."""
-    group, knn_module.GROUP = knn_module.GROUP, 10**12
+    group, topk_module.GROUP = topk_module.GROUP, 10**12
     try:
         return queued(x, device, k, block)
     finally:
-        knn_module.GROUP = group
+        topk_module.GROUP = group
 
 
 def main() -> None:

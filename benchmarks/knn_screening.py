@@ -32,7 +32,8 @@ import torch
 from _results import environment, per_row_ms, write_result
 from eval_speed import clustered_set
 
-from deepmetric.evaluation.knn import block_rows_for, similarities, topk_stable
+from deepmetric.evaluation.knn import block_rows_for, similarities
+from deepmetric.evaluation.topk import topk_stable
 
 U = 2.0**-9  # bfloat16 unit round-off
 

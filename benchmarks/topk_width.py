@@ -24,7 +24,8 @@ import deepmetric  # noqa: F401  (sets OPENBLAS_THREAD_TIMEOUT before numpy load
 import torch
 from _results import environment, per_row_ms, write_result
 
-from deepmetric.evaluation.knn import block_rows_for, similarities, topk_stable
+from deepmetric.evaluation.knn import block_rows_for, similarities
+from deepmetric.evaluation.topk import topk_stable
 
 
 def main() -> None:

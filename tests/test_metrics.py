@@ -8,8 +8,10 @@ import torch
 
 from deepmetric.errors import DeepMetricError
 from deepmetric.evaluation import retrieval_metrics
-from deepmetric.evaluation.knn import knn, topk_stable
+from deepmetric.evaluation import topk as topk_module
+from deepmetric.evaluation.knn import knn
 from deepmetric.evaluation.metrics import compute_metrics
+from deepmetric.evaluation.topk import grouped_topk, topk_stable
 
 
 def angles(*degrees):
@@ -59,11 +61,13 @@ def test_topk_stable_fixes_ties_at_the_boundary():
     assert indices.tolist() == [[1, 0, 2]] and values.tolist() == [[0.75, 0.5, 0.5]]
 
 
+@pytest.mark.parametrize("on_host", [True, False])  # numpy's selection or torch's, whichever this CPU would take
 @pytest.mark.parametrize("levels", [3, 20, 1000, None])  # heavy ties ... no ties
 @pytest.mark.parametrize("k,n", [(3, 61), (3, 203), (10, 173), (10, 1001)])
-def test_topk_stable_equals_a_stable_full_sort_on_wide_rows(levels, k, n):
+def test_topk_stable_equals_a_stable_full_sort_on_wide_rows(levels, k, n, on_host, monkeypatch):
     # n >= 2 * GROUP * (k + 1) takes the grouped selection (with n % GROUP leftover columns); the others the
     # whole-row path; both must give exactly the stable sort's first k
+    monkeypatch.setattr(topk_module, "numpy_selects_fast", lambda: on_host)
     generator = torch.Generator().manual_seed(k * n)
     sims = torch.rand(64, n, generator=generator)
     if levels is not None:
@@ -74,6 +78,68 @@ def test_topk_stable_equals_a_stable_full_sort_on_wide_rows(levels, k, n):
     expected_values, expected_indices = torch.sort(sims, dim=1, descending=True, stable=True)
     assert torch.equal(indices, expected_indices[:, :k])
     assert torch.equal(values, expected_values[:, :k])
+
+
+@pytest.mark.parametrize("levels", [4, 1000, None])
+@pytest.mark.parametrize("k,n", [(1, 37), (5, 101), (40, 1000), (40, 997)])
+def test_the_host_selection_keeps_what_torchs_keeps(levels, k, n):
+    """``grouped_topk_on_host`` (numpy's selections) against ``grouped_topk`` (torch's): the same values, the same
+    columns for each value, the same unsure rows, with ties, -inf (a query's own row), NaN (the largest for both, as
+    torch's ``topk`` counts it) and leftover columns (n % GROUP)."""
+    generator = torch.Generator().manual_seed(k + n)
+    sims = torch.rand(48, n, generator=generator)
+    if levels is not None:
+        sims = (sims * levels).floor() / levels
+    sims[torch.arange(48), torch.arange(48) % n] = float("-inf")
+    sims[2, 5] = sims[3, n - 1] = float("nan")  # in a group, and among the leftover columns
+    sims[4, :] = 0.5
+    host, device_kind = topk_module.grouped_topk_on_host(sims, k), topk_module.grouped_topk(sims, k)
+    assert torch.equal(host[2], device_kind[2]) and host[2].dtype == torch.bool
+    sure = (~host[2]).nonzero().squeeze(1).tolist()
+    if levels is None:  # distinct values: every row but the flat one is vouched for, NaN rows included
+        assert sure == [row for row in range(48) if row != 4]
+        assert host[0][2, 0].isnan() and host[1][2, 0] == 5 and host[1][3, 0] == n - 1
+    for row in sure:
+        assert torch.equal(host[0][row].nan_to_num(2.0), device_kind[0][row].nan_to_num(2.0))
+        # equal values may come in any order: the same columns, and each column with its own value
+        assert sorted(host[1][row].tolist()) == sorted(device_kind[1][row].tolist())
+        assert torch.equal(sims[row, host[1][row]].nan_to_num(2.0), host[0][row].nan_to_num(2.0))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_topk_stable_selects_on_the_host_exactly_where_numpy_is_fast(fast, monkeypatch):
+    """A CPU tensor goes to numpy's selection where ``numpy_selects_fast`` says so and to torch's otherwise (both
+    exact: only the speed tells them apart, so this asks which one ran)."""
+    ran = []
+    for name in ("grouped_topk", "grouped_topk_on_host"):
+        selection = getattr(topk_module, name)
+        monkeypatch.setattr(topk_module, name, lambda sims, k, selection=selection, name=name:
+                            ran.append(name) or selection(sims, k))
+    monkeypatch.setattr(topk_module, "numpy_selects_fast", lambda: fast)
+    topk_module.topk_stable(torch.rand(3, 200), 5)
+    assert ran == ["grouped_topk_on_host" if fast else "grouped_topk"]
+
+
+def test_the_host_selection_is_taken_only_where_numpy_selects_with_simd(monkeypatch):
+    """numpy >= 2 on x86 with AVX2 in its dispatch: numpy 1.26's ``argpartition`` and a CPU without AVX2 were 6 times
+    slower than with it (docs/benchmarks/evaluation.md), and ARM is not measured."""
+    rule = topk_module.numpy_selects_fast.__wrapped__
+    monkeypatch.setattr(topk_module.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(topk_module.np, "__version__", "2.4.6")
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    monkeypatch.setitem(__cpu_features__, "X86_V3", True)
+    assert rule()
+    monkeypatch.setitem(__cpu_features__, "X86_V3", False)  # NPY_DISABLE_CPU_FEATURES=X86_V3, or no AVX2
+    assert not rule()
+    monkeypatch.delitem(__cpu_features__, "X86_V3")  # numpy 2.0 to 2.3 name the feature AVX2
+    monkeypatch.setitem(__cpu_features__, "AVX2", True)
+    assert rule()
+    monkeypatch.setattr(topk_module.np, "__version__", "1.26.4")
+    assert not rule()
+    monkeypatch.setattr(topk_module.np, "__version__", "2.4.6")
+    monkeypatch.setattr(topk_module.platform, "machine", lambda: "aarch64")
+    assert not rule()
 
 
 def test_own_row_is_removed_by_index_not_by_position():
@@ -277,7 +343,7 @@ def test_the_cuda_engines_queued_blocks_give_the_torch_engines_neighbours_on_the
     own = torch.arange(2000)
     block = knn_module.block_rows_for(2000, 0.5)
     if k < 10:  # the redo path runs, in the last block too
-        unsure = knn_module.grouped_topk(knn_module._masked_similarities(x, x, own), k)[2]
+        unsure = grouped_topk(knn_module._masked_similarities(x, x, own), k)[2]
         assert unsure[:141].sum() >= 41 and unsure[1990:].all() and 2000 % block < 10  # the last block's are all
     some_own = torch.where(own[:300] % 3 == 0, own[:300], -1)
     cases = [(x, own), (x.clone(), own), (x.clone(), None), (x[:300].clone(), some_own)]
@@ -369,7 +435,7 @@ def test_the_queued_blocks_redo_unsure_rows_from_the_blocks_own_similarities(mon
     monkeypatch.setattr(knn_module, "_masked_similarities", lambda q, *a: products.append(len(q)) or real(q, *a))
     block = knn_module.block_rows_for(600, 0.2)
     own = torch.arange(600)
-    assert knn_module.grouped_topk(real(x, x, own), 5)[2].any()
+    assert grouped_topk(real(x, x, own), 5)[2].any()
     parts = list(knn_module._queued_blocks(x, x, 5, own, block, torch.device("cpu")))
     assert products == [len(p[1]) for p in parts]
 

@@ -27,7 +27,7 @@ TESTS[losses]="tests/test_losses.py tests/test_objective.py tests/test_horde.py 
                tests/test_attention_heads.py tests/test_head_contract.py tests/test_pml.py"
 MUTATE[metrics]="src/deepmetric/evaluation/metrics.py"
 TESTS[metrics]="tests/test_metrics.py tests/test_properties.py"
-MUTATE[knn]="src/deepmetric/evaluation/knn.py"
+MUTATE[knn]="src/deepmetric/evaluation/knn.py src/deepmetric/evaluation/topk.py"
 TESTS[knn]="tests/test_metrics.py tests/test_properties.py"
 MUTATE[kmeans]="src/deepmetric/evaluation/kmeans.py"
 TESTS[kmeans]="tests/test_kmeans.py"
@@ -55,7 +55,8 @@ for module in "${modules[@]}"; do
         echo "[mutmut]"
         echo "source_paths = src"
         echo "also_copy = configs"
-        echo "only_mutate = ${MUTATE[$module]}"
+        echo "only_mutate ="
+        (set -f; for m in ${MUTATE[$module]}; do echo "    $m"; done)  # globs stay patterns
         echo "pytest_add_cli_args = -p no:cacheprovider -q -x"
         echo "pytest_add_cli_args_test_selection ="
         for t in ${TESTS[$module]}; do [ -f "$ROOT/$t" ] && echo "    $t"; done

@@ -12,11 +12,12 @@ error differently, which moves the metrics of an SOP-sized set in about the fift
 Four engines:
 
 - ``torch``: a block of similarities by one torch matrix product, then the grouped top-k of
-  ``topk_stable``; on 2 CPU cores its kNN at SOP scale (k = 1000) takes about 1.4 times its products alone;
+  ``topk_stable`` (``topk.py``: numpy's selections where numpy has them with SIMD); on 2 cores of an AMD EPYC its
+  kNN at SOP scale (k = 1000) takes 1.10 times its products alone;
 - ``numpy``: the same, with the block's product by numpy's BLAS (OpenBLAS in numpy's wheels). torch's CPU
   wheels multiply with MKL, which takes a slow path on CPUs not made by Intel: on an AMD EPYC, numpy's
-  product is twice as fast and the numpy engine's kNN takes 1.4 times the bare products (docs/benchmarks/evaluation.md).
-  ``auto`` picks numpy there and torch otherwise;
+  product is 1.5 to 2 times as fast and the numpy engine's kNN takes 1.29 times the bare products
+  (docs/benchmarks/evaluation.md). ``auto`` picks numpy there and torch otherwise;
 - ``faiss`` (when installed): faiss' exact inner-product search proposes ``k + margin`` candidates, whose
   similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
   contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
@@ -41,6 +42,7 @@ import torch
 from ..errors import DeepMetricError
 from ..hardware import cpu_info
 from .engines import KNN_ENGINES
+from .topk import grouped_topk, sort_candidates, too_narrow_to_group, topk_stable, whole_row_topk
 
 FAISS_MARGIN = 16
 
@@ -96,100 +98,11 @@ def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
     return max(1, int(memory_mb * 2**20 / (4 * max(n_gallery, 1) * 3)))
 
 
-GROUP = 8  # groups per row in the grouped selection of ``topk_stable``
-
 CUDA_BLOCK_SCALE = 4
 """The ``cuda`` engine's blocks hold this many times the CPU engines' rows (``memory_mb`` x 4 of device memory):
 fewer, larger blocks keep a GPU busy. On an H200 at SOP scale (60,502 x 512, k = 1000; ``benchmarks/knn_cuda.py``,
 2026-11-28) the queued kNN took 2.13 times the bare products at 369 rows a block, 1.40 at 1,476 (x 4) and 1.48 at
 5,904 (x 16)."""
-
-
-def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise top-``k`` of ``sims`` ordered by (similarity desc, index asc), exact under ties.
-
-    Wide rows go through ``grouped_topk``, which never selects over the whole row; the rare rows it cannot vouch
-    for are redone over the whole row.
-    """
-    if _too_narrow_to_group(sims.shape[1], k):
-        return _whole_row_topk(sims, k)
-    values, indices, unsure = grouped_topk(sims, k)
-    if unsure.any():
-        rows = unsure.nonzero().squeeze(1)
-        values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
-    return order_ties_by_index(values, indices)
-
-
-def _too_narrow_to_group(width: int, k: int) -> bool:
-    """Rows of ``width`` hold fewer than the 2 (k + 1) groups ``grouped_topk`` needs: they are selected whole."""
-    return width // GROUP < 2 * (k + 1)
-
-
-def _whole_row_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk_stable`` by one selection over each whole row."""
-    return order_ties_by_index(*_select_whole_rows(sims, k))
-
-
-def grouped_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The top-``k`` of each row by a grouped selection, sorted by value (ties in any order), and the rows for which
-    it may be wrong (``unsure``, (b,) bool), with no synchronisation with the host (rows at least ``2 GROUP (k + 1)``
-    wide).
-
-    Column c < G·w (w = n // G) belongs to group ``c mod w``, so each group holds G columns a stride w apart and its
-    maximum is one element-wise maximum of G contiguous slices; the k+1 groups with the largest maxima are kept,
-    and the top-k is taken among their G·(k+1) members and the (< G) leftover columns. That is exact whenever the
-    smallest kept maximum M is below the k-th value found (every dropped column is at most M) and the k-th and
-    (k+1)-th candidates differ (no tie crosses the boundary); the other rows are ``unsure``.
-    """
-    b, n = sims.shape
-    width = n // GROUP
-    main = GROUP * width
-    strided = sims[:, :main].unflatten(1, (GROUP, width))  # (b, G, w): group r is column r of every slice
-    group_max, kept = strided.amax(dim=1).topk(k + 1, dim=1, sorted=False)  # (b, k + 1)
-    members = strided.gather(2, kept[:, None, :].expand(-1, GROUP, -1)).flatten(1)  # (b, G·(k + 1))
-    candidates = torch.cat([members, sims[:, main:]], dim=1)
-    values, position = candidates.topk(k + 1, dim=1)
-    slice_, group = position // (k + 1), position % (k + 1)
-    columns = slice_ * width + kept.gather(1, group)
-    leftover = position >= members.shape[1]
-    indices = torch.where(leftover, position - members.shape[1] + main, columns)
-    unsure = (values[:, k] == values[:, k - 1]) | (group_max.amin(dim=1) >= values[:, k - 1])
-    return values[:, :k].contiguous(), indices[:, :k].contiguous(), unsure
-
-
-def _select_whole_rows(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-k set of each row by one selection over the whole row, sorted by value (ties inside it in any
-    order): a tie crosses the k boundary exactly when the (k+1)-th value equals the k-th, and only those rows
-    are redone by a stable sort."""
-    if k >= sims.shape[1]:
-        return sims.topk(k, dim=1)
-    values, indices = sims.topk(k + 1, dim=1)  # sorted by value; the order among equal values is arbitrary
-    straddling = values[:, k] == values[:, k - 1]
-    values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
-    if straddling.any():
-        rows = straddling.nonzero().squeeze(1)
-        order = torch.sort(sims[rows], dim=1, descending=True, stable=True).indices[:, :k]
-        indices[rows] = order
-        values[rows] = sims[rows].gather(1, order)
-    return values, indices
-
-
-def order_ties_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows already sorted by decreasing value: put equal values in increasing index order (only rows with
-    ties are touched)."""
-    tied = (values[:, 1:] == values[:, :-1]).any(dim=1)
-    if tied.any():
-        rows = tied.nonzero().squeeze(1)
-        values[rows], indices[rows] = sort_candidates(values[rows], indices[rows])
-    return values, indices
-
-
-def sort_candidates(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Order each row's candidates (in any order) by (similarity desc, index asc)."""
-    by_index, perm = indices.sort(dim=1)
-    values = values.gather(1, perm)
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices
-    return values.gather(1, order), by_index.gather(1, order)
 
 
 def _product_block(query: torch.Tensor, gallery: torch.Tensor, k: int, own: torch.Tensor | None,
@@ -234,8 +147,8 @@ def _queue_block(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor |
     """Queue a block's products, grouped top-k, tie order and copies to the host, without waiting for the device."""
     with full_float32_products():
         sims = _masked_similarities(query, gallery, own)
-    if _too_narrow_to_group(sims.shape[1], k):  # the whole-row selection (it synchronises)
-        values, indices = _whole_row_topk(sims, k)
+    if too_narrow_to_group(sims.shape[1], k):  # the whole-row selection (it synchronises)
+        values, indices = whole_row_topk(sims, k)
         unsure = torch.zeros(len(sims), dtype=torch.bool, device=sims.device)
     else:
         values, indices, unsure = grouped_topk(sims, k)
@@ -256,7 +169,7 @@ def _finish_block(block: _QueuedBlock, k: int) -> tuple[int, torch.Tensor, torch
     values, indices = block.values.clone(), block.indices.long()
     if block.unsure.any():
         rows = block.unsure.nonzero().squeeze(1)
-        fixed_values, fixed_indices = _whole_row_topk(block.sims[rows.to(block.sims.device)], k)
+        fixed_values, fixed_indices = whole_row_topk(block.sims[rows.to(block.sims.device)], k)
         values[rows], indices[rows] = fixed_values.cpu(), fixed_indices.cpu()
     return block.start, values, indices
 

@@ -46,8 +46,9 @@ import numpy as np
 import torch
 
 from ..progress import progress_bar
-from .knn import full_float32_products, products_engine, resolve_engine, similarities, sort_candidates, topk_stable
+from .knn import full_float32_products, products_engine, resolve_engine, similarities
 from .rerank import KReciprocal
+from .topk import sort_candidates, topk_stable
 
 SHOWN_FROM = 10**8
 """Pairs of items from which the passes of products show a progress bar."""
