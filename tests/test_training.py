@@ -89,6 +89,48 @@ def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
     assert not RunDir(tmp_path / "run").last.exists()
 
 
+def reads_made_by_deepmetric(monkeypatch, run) -> int:
+    """How many tensor values deepmetric's own code reads on the host (``item``, ``float(t)``, ``bool(t)``...) while
+    ``run()`` runs: on a GPU each such read waits for everything queued before it. Reads made inside torch (Adam's
+    step counter, a CPU tensor on every device) are not counted."""
+    import inspect
+    from pathlib import Path
+
+    import deepmetric
+
+    package, count = str(Path(deepmetric.__file__).resolve().parent), 0
+
+    def counting(original):
+        def read(tensor, *args, **kwargs):
+            nonlocal count
+            caller = inspect.currentframe().f_back.f_code.co_filename  # type: ignore[union-attr]
+            count += str(Path(caller).resolve()).startswith(package)
+            return original(tensor, *args, **kwargs)
+        return read
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+            patched.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+        run()
+    return count
+
+
+@pytest.mark.parametrize("sections", [{}, {"model": {"head": "abe", "head_options": {"num_learners": 2}},
+                                          "loss": {"regularizers": {"divergence": {"weight": 1.0}}}}])
+def test_a_training_step_reads_one_value_from_its_device_the_loss(tmp_path, monkeypatch, sections):
+    """The finite check and the logged loss share one read, made before the backward pass is queued: on a GPU the
+    host then waits for the forward pass only and prepares the next batch while the backward pass runs (until
+    2026-11-28 the loss was read a second time after the optimiser's step, which waits for the whole step). Six more
+    steps, six more reads (what a run reads once, at its start and end, cancels out)."""
+
+    def reads(steps: int) -> int:
+        config = tiny_config(**sections, train={"steps": steps, "eval_every": 1000, "checkpoint_every": 1000,
+                                                "log_every": 1000})
+        return reads_made_by_deepmetric(monkeypatch, lambda: train(config, tmp_path / f"run{steps}", progress=False))
+
+    assert reads(10) - reads(4) == 6
+
+
 def test_an_existing_run_is_not_overwritten(tmp_path):
     from deepmetric.errors import DeepMetricError
 

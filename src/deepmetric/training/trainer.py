@@ -224,7 +224,7 @@ def _loop(session: Session) -> TrainResult:
             generated = generator.generate(output, labels) if generator is not None else None
             loss, terms = precision.objective(objective, output, labels,
                                               generated.rows() if generated is not None else None)
-            check_finite(loss, terms, step + 1, run, amp=precision.mode)
+            value = check_finite(loss, terms, step + 1, run, amp=precision.mode)  # the step's one read
             optimizer.zero_grad(set_to_none=True)
             precision.backward_and_step(loss, optimizer, step + 1, lambda: last_good(run))  # fp16: may skip it
             if generator is not None:
@@ -232,7 +232,6 @@ def _loop(session: Session) -> TrainResult:
                 check_finite(loss, terms, step + 1, run, every_term=True)
             done = step + 1
 
-            value = float(loss.detach())
             step_log.step(len(labels), value)
             _warn_if_constant(constant, done, value, context)
             if context.is_main and (done % t.log_every == 0 or done == t.steps):
