@@ -185,3 +185,28 @@ def loaded_twice_at_once(monkeypatch, module, builder: str, load, build=None) ->
         monkeypatch.setattr(module, builder, held)
         results, errors = twice_at_once(load, 60.0)
     return results, errors, len(builds), waiting.is_set()
+
+
+def reads_made_by_deepmetric(monkeypatch, run) -> int:
+    """How many tensor values deepmetric's own code reads on the host (``item``, ``float(t)``, ``bool(t)``...) while
+    ``run()`` runs: on a GPU each such read waits for everything queued before it. Reads made inside torch (Adam's
+    step counter, a CPU tensor on every device) are not counted."""
+    import inspect
+
+    import deepmetric
+
+    package, count = str(Path(deepmetric.__file__).resolve().parent), 0
+
+    def counting(original):
+        def read(tensor, *args, **kwargs):
+            nonlocal count
+            caller = inspect.currentframe().f_back.f_code.co_filename  # type: ignore[union-attr]
+            count += str(Path(caller).resolve()).startswith(package)
+            return original(tensor, *args, **kwargs)
+        return read
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+            patched.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+        run()
+    return count

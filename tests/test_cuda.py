@@ -21,7 +21,13 @@ import torch
 from deepmetric.errors import ConfigError
 from deepmetric.losses import LOSSES, REGULARIZERS
 from deepmetric.models.heads import HEADS
-from helpers import assert_resumed_exactly, make_table, tiny_config, train_straight_and_resumed
+from helpers import (
+    assert_resumed_exactly,
+    make_table,
+    reads_made_by_deepmetric,
+    tiny_config,
+    train_straight_and_resumed,
+)
 from test_resume import CASES as RESUME_CASES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -160,6 +166,20 @@ def test_a_loss_that_overflows_float16_trains_finite_under_fp16_on_cuda(tmp_path
     log = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
+
+
+@pytest.mark.parametrize("amp", [False, "bf16"])
+def test_a_training_step_on_cuda_reads_one_value_back_the_loss(tmp_path, monkeypatch, amp):
+    """``test_training.py``'s count on the GPU, where each read waits for the work queued before it: six more steps,
+    six more reads (the loss, before the backward pass is queued)."""
+    from deepmetric.training import train
+
+    def reads(steps: int) -> int:
+        config = tiny_config(train={"device": "cuda", "steps": steps, "amp": amp, "eval_every": 1000,
+                                    "checkpoint_every": 1000, "log_every": 1000})
+        return reads_made_by_deepmetric(monkeypatch, lambda: train(config, tmp_path / f"run{steps}", progress=False))
+
+    assert reads(10) - reads(4) == 6
 
 
 # --- DDP on one GPU (issue 52 item 6): two ranks share cuda:0, their CUDA tensors carried by gloo ----------------

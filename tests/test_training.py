@@ -16,7 +16,7 @@ from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.runs.folder import RunDir
 from deepmetric.runs.model import load_run_model
 from deepmetric.training import TrainingError, train
-from helpers import make_table, tiny_config
+from helpers import make_table, reads_made_by_deepmetric, tiny_config
 
 
 def weights(path):
@@ -87,32 +87,6 @@ def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
     with pytest.raises(TrainingError, match="step 1: the loss term 'metric' is nan"):
         train(config, tmp_path / "run", progress=False)
     assert not RunDir(tmp_path / "run").last.exists()
-
-
-def reads_made_by_deepmetric(monkeypatch, run) -> int:
-    """How many tensor values deepmetric's own code reads on the host (``item``, ``float(t)``, ``bool(t)``...) while
-    ``run()`` runs: on a GPU each such read waits for everything queued before it. Reads made inside torch (Adam's
-    step counter, a CPU tensor on every device) are not counted."""
-    import inspect
-    from pathlib import Path
-
-    import deepmetric
-
-    package, count = str(Path(deepmetric.__file__).resolve().parent), 0
-
-    def counting(original):
-        def read(tensor, *args, **kwargs):
-            nonlocal count
-            caller = inspect.currentframe().f_back.f_code.co_filename  # type: ignore[union-attr]
-            count += str(Path(caller).resolve()).startswith(package)
-            return original(tensor, *args, **kwargs)
-        return read
-
-    with monkeypatch.context() as patched:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
-            patched.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
-        run()
-    return count
 
 
 @pytest.mark.parametrize("sections", [{}, {"model": {"head": "abe", "head_options": {"num_learners": 2}},

@@ -34,9 +34,10 @@ GROUP = 8  # groups per row in the grouped selection of ``topk_stable``
 
 @cache
 def numpy_selects_fast() -> bool:
-    """numpy >= 2 on an x86 CPU whose AVX2 numpy's dispatch uses (``X86_V3`` from numpy 2.4, ``AVX2`` before; off
-    where ``NPY_DISABLE_CPU_FEATURES`` names it): its ``argpartition`` and ``argsort`` are then x86-simd-sort's.
-    Elsewhere (numpy 1.26, other CPUs, ARM, where this is not measured) torch selects."""
+    """Whether numpy selects with SIMD here: numpy >= 2 on an x86 CPU with AVX2 in numpy's dispatch (``X86_V3``
+    from numpy 2.4, ``AVX2`` before; off where ``NPY_DISABLE_CPU_FEATURES`` names it), whose ``argpartition`` and
+    ``argsort`` are then x86-simd-sort's. Elsewhere (numpy 1.26, x86 CPUs without AVX2, ARM, which is not measured)
+    torch selects."""
     if int(np.__version__.split(".")[0]) < 2 or platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
