@@ -123,23 +123,26 @@ def test_topk_stable_selects_on_the_host_exactly_where_numpy_is_fast(fast, monke
 def test_the_host_selection_is_taken_only_where_numpy_selects_with_simd(monkeypatch):
     """numpy >= 2 on x86 with AVX2 in its dispatch: numpy 1.26's ``argpartition`` and a CPU without AVX2 were 6 times
     slower than with it (docs/benchmarks/evaluation.md), and ARM is not measured."""
-    rule = topk_module.numpy_selects_fast.__wrapped__
+    rule, features = topk_module.numpy_selects_fast.__wrapped__, {"X86_V3": True}
+    monkeypatch.setattr(topk_module, "_numpy_cpu_features", lambda: features)
     monkeypatch.setattr(topk_module.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(topk_module.np, "__version__", "2.4.6")
-    from numpy._core._multiarray_umath import __cpu_features__
-
-    monkeypatch.setitem(__cpu_features__, "X86_V3", True)
     assert rule()
-    monkeypatch.setitem(__cpu_features__, "X86_V3", False)  # NPY_DISABLE_CPU_FEATURES=X86_V3, or no AVX2
+    features["X86_V3"] = False  # NPY_DISABLE_CPU_FEATURES=X86_V3, or no AVX2
     assert not rule()
-    monkeypatch.delitem(__cpu_features__, "X86_V3")  # numpy 2.0 to 2.3 name the feature AVX2
-    monkeypatch.setitem(__cpu_features__, "AVX2", True)
+    features.clear()
+    features["AVX2"] = True  # numpy 2.0 to 2.3 name the feature AVX2
     assert rule()
+    features.clear()  # no table where it is looked for
+    assert not rule()
+    features["AVX2"] = True
     monkeypatch.setattr(topk_module.np, "__version__", "1.26.4")
     assert not rule()
     monkeypatch.setattr(topk_module.np, "__version__", "2.4.6")
     monkeypatch.setattr(topk_module.platform, "machine", lambda: "aarch64")
     assert not rule()
+    monkeypatch.undo()
+    assert isinstance(topk_module._numpy_cpu_features(), dict)  # numpy's own table, read without error
 
 
 def test_own_row_is_removed_by_index_not_by_position():

@@ -40,11 +40,16 @@ def numpy_selects_fast() -> bool:
     torch selects."""
     if int(np.__version__.split(".")[0]) < 2 or platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        features = importlib.import_module("numpy._core._multiarray_umath").__cpu_features__
-    except (ImportError, AttributeError):
-        return False
+    features = _numpy_cpu_features()
     return bool(features.get("X86_V3", features.get("AVX2", False)))
+
+
+def _numpy_cpu_features() -> dict[str, bool]:
+    """numpy's table of the CPU features its dispatch uses ({} where numpy has none at that place)."""
+    try:
+        return dict(importlib.import_module("numpy._core._multiarray_umath").__cpu_features__)
+    except (ImportError, AttributeError):
+        return {}
 
 
 def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
