@@ -98,13 +98,16 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('fa
     timeout 200 $PY benchmarks/train_step.py --device cuda --size 224 --batch 64 --repeats 20 --compile \
       --out "$RES/train_step_cuda_compiled.json" 2>&1 | tail -12 | tee "$RES/train_step_compiled.log"
     ;;
-  cache)  # 2. data.cache: the real data path with and without the decoded-image cache, 160 and 224 px
+  cache)  # 2. data.cache: the real data path with and without the decoded-image cache, 160 and 224 px; uint8 batches
     section cache
     for size in ${CACHE_SIZES:-160 224}; do
       DEEPMETRIC_DATA=$PWD/.gpu/data timeout 150 $PY benchmarks/data_path.py --data emoji --size $size --workers 12 \
         --steps 40 --warmup 10 --batch-timing 20 --amp --out "$RES/data_path_cache_${size}px.json" 2>&1 \
         | grep -v Warning | tail -14 | tee -a "$RES/data_path_cache.log"
     done
+    # the loaders alone, uint8 batches (today's default on a GPU) against float32 ones, 12 workers
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 120 $PY benchmarks/loader_dtype.py --data emoji --size 224 --workers 12 \
+      --batches 15 --rounds 3 --out "$RES/loader_dtype_cuda.json" 2>&1 | grep -v Warning | tee "$RES/loader_dtype.log"
     ;;
   compile-heads)  # 1. train.compile head by head at the studies' 160 px (HEADS: which; GAP is the compile section's)
     section compile-heads

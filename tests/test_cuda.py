@@ -168,6 +168,16 @@ def test_a_loss_that_overflows_float16_trains_finite_under_fp16_on_cuda(tmp_path
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
 
 
+def test_uint8_pixels_become_on_the_gpu_the_floats_the_cpu_makes():
+    """The GPU's loaders carry uint8 (``uint8_batches``); made floats there, every pixel value is the CPU's
+    correctly rounded v / 255 (not the product with 1/255 torch's CUDA kernels use for a Python divisor)."""
+    from deepmetric.data.torch_dataset import uint8_batches
+    from deepmetric.data.transforms import as_unit_float
+
+    values = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16)
+    assert uint8_batches("cuda") and torch.equal(as_unit_float(values.cuda()).cpu(), as_unit_float(values))
+
+
 @pytest.mark.parametrize("amp", [False, "bf16"])
 def test_a_training_step_on_cuda_reads_one_value_back_the_loss(tmp_path, monkeypatch, amp):
     """``test_training.py``'s count on the GPU, where each read waits for the work queued before it: six more steps,

@@ -10,6 +10,9 @@ import torch
 
 from deepmetric.data import PKSampler, TrainTransform
 from deepmetric.data import TestTransform as ResizeForTest
+from deepmetric.data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
+from deepmetric.data.torch_dataset import uint8_batches
+from deepmetric.data.transforms import as_unit_float
 from deepmetric.errors import DataError
 
 
@@ -110,6 +113,41 @@ def test_test_transforms():
     assert ResizeForTest(32, "resize_crop")(image).shape == (3, 32, 32)
     with pytest.raises(ValueError, match="mode must be one of"):
         ResizeForTest(32, "stretch")
+
+
+@pytest.mark.parametrize("pad", TRAIN_PAD_MODES)
+@pytest.mark.parametrize("mode", TEST_RESIZE_MODES)
+def test_uint8_outputs_become_the_float_outputs_bit_for_bit(pad, mode):
+    """``uint8=True`` (a GPU's loaders: a quarter of the bytes) stops before the float conversion, which
+    ``as_unit_float`` then does: the transforms' own float outputs exactly, for every padding, resizing, crop, flip
+    and grayscale image; a float tensor (``data.cache``'s batches) goes through ``as_unit_float`` untouched."""
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, size=(37, 23, 3), dtype=np.uint8), rng.integers(0, 256, size=(9, 50),
+                                                                                   dtype=np.uint8)]
+    transforms = [(TrainTransform(24, (0.6, 1.7), True, pad), TrainTransform(24, (0.6, 1.7), True, pad, uint8=True)),
+                  (ResizeForTest(24, mode), ResizeForTest(24, mode, uint8=True))]
+    for as_float, as_uint8 in transforms:
+        for image in images:
+            for seed in range(6):
+                pixels = as_uint8(image, seed)
+                assert pixels.dtype == torch.uint8 and pixels.is_contiguous()
+                assert torch.equal(as_unit_float(pixels), as_float(image, seed))
+    batch = torch.rand(2, 3, 4, 4)
+    assert as_unit_float(batch) is batch
+
+
+def test_uint8_pixels_become_floats_by_a_correctly_rounded_division():
+    """Every pixel value v as numpy's IEEE float32 v / 255 (a product with 1/255 differs for some v; that is what
+    torch's CUDA kernels compute for a division by a Python number, so ``as_unit_float`` divides by a tensor)."""
+    values = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16)
+    expected = torch.from_numpy(np.arange(256, dtype=np.float32) / np.float32(255)).reshape(1, 1, 16, 16)
+    assert torch.equal(as_unit_float(values), expected)
+    assert not torch.equal(values.float() * (1 / 255.0), expected)  # the product is not the same numbers
+
+
+def test_the_loaders_carry_uint8_to_a_gpu_only():
+    assert uint8_batches("cuda") and uint8_batches(torch.device("cuda", 1))
+    assert not uint8_batches("cpu") and not uint8_batches(torch.device("cpu"))
 
 
 def test_pad_crop_keeps_the_aspect_ratio_and_pads_the_shorter_side():

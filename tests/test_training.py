@@ -16,7 +16,7 @@ from deepmetric.runs.checkpoint import load_checkpoint
 from deepmetric.runs.folder import RunDir
 from deepmetric.runs.model import load_run_model
 from deepmetric.training import TrainingError, train
-from helpers import make_table, reads_made_by_deepmetric, tiny_config
+from helpers import assert_resumed_exactly, checkpoint, make_table, reads_made_by_deepmetric, tiny_config
 
 
 def weights(path):
@@ -103,6 +103,28 @@ def test_a_training_step_reads_one_value_from_its_device_the_loss(tmp_path, monk
         return reads_made_by_deepmetric(monkeypatch, lambda: train(config, tmp_path / f"run{steps}", progress=False))
 
     assert reads(10) - reads(4) == 6
+
+
+def test_a_gpus_uint8_batches_train_and_validate_as_float_batches_bit_for_bit(tmp_path, monkeypatch):
+    """On a GPU the loaders carry uint8 pixels, made floats on the device (``uint8_batches``); forced on the CPU, a
+    run trains and validates to the same checkpoint, bit for bit, and the loop did receive uint8 batches."""
+    import deepmetric.evaluation.evaluator as evaluator_module
+    import deepmetric.training.trainer as trainer_module
+
+    config = tiny_config(data={"val_fraction": 0.4}, train={"steps": 4, "eval_every": 2, "checkpoint_every": 4})
+    train(config, tmp_path / "float", progress=False)
+    received = []
+    for module in (trainer_module, evaluator_module):
+        monkeypatch.setattr(module, "uint8_batches", lambda device: True)
+        convert = module.as_unit_float
+        monkeypatch.setattr(module, "as_unit_float", lambda images, convert=convert: received.append(images.dtype)
+                            or convert(images))
+    train(config, tmp_path / "uint8", progress=False)
+    assert set(received) == {torch.uint8} and len(received) > 4  # the training steps and the validation batches
+    assert_resumed_exactly(checkpoint(RunDir(tmp_path / "float").last),
+                           checkpoint(RunDir(tmp_path / "uint8").last), steps=4)
+    best = [RunDir(tmp_path / name).read_log() for name in ("float", "uint8")]
+    assert [r for r in best[0] if "split" in r] == [r for r in best[1] if "split" in r] != []
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path):

@@ -60,6 +60,15 @@ def loader_pins(pin_memory: bool | None, device: str | torch.device = "cpu") -> 
     return torch.device(device).type == "cuda" if pin_memory is None else pin_memory
 
 
+def uint8_batches(device: str | torch.device = "cpu") -> bool:
+    """Whether the trainer's and the embedding pass's loaders carry uint8 pixels (``TrainTransform`` and
+    ``TestTransform`` with ``uint8=True``), made floats on the device by ``transforms.as_unit_float``: on a GPU, where
+    the batches cross from the loader's workers to the training process and are copied to the GPU, a quarter of the
+    bytes each time (``benchmarks/loader_dtype.py``). Not on the CPU, where the float conversion would only move from
+    the transform to the loop: the same floats either way, bit for bit."""
+    return torch.device(device).type == "cuda"
+
+
 def training_loader(dataset: ImageDataset, sampler: PKSampler, num_workers: int | None = 0,
                     pin_memory: bool | None = None, device: str | torch.device = "cpu") -> DataLoader:
     """The training batches of ``sampler``; ``num_workers`` and ``pin_memory`` as ``loader_workers`` and

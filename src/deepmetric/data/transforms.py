@@ -16,8 +16,11 @@ keeping the aspect ratio and centre-crop ``size`` (``short_crop``: torchvision's
 
 Every random draw comes from the seed passed with the sample, so a batch is a pure function of the run
 seed and the step: resumed runs and data-loader workers see exactly the same pixels.
-Outputs are float tensors (3, size, size) in [0, 1]; the backbone's normalisation lives in the model.
-Padding is black (ABE does not say with what it pads).
+Outputs are float tensors (3, size, size) in [0, 1]; the backbone's normalisation lives in the model. With
+``uint8=True`` a transform stops before that last step and returns the uint8 pixels, a quarter of the bytes, for a
+loader whose batches cross from its workers and onto a GPU (``torch_dataset.uint8_batches``): ``as_unit_float`` then
+makes them, on the device, exactly the floats the transform would have returned. Padding is black (ABE does not say
+with what it pads).
 """
 
 from __future__ import annotations
@@ -27,6 +30,17 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES, resized_size, test_resize_plan
+
+
+def as_unit_float(images: torch.Tensor) -> torch.Tensor:
+    """A transform's uint8 output (``uint8=True``) as the float tensor in [0, 1] it returns otherwise: float32, then
+    a division by 255 correctly rounded on any device (by a 0-dim tensor on the images' device: torch's CUDA kernels
+    divide by a Python number as a product with its reciprocal, which differs in the last bit for some pixel values,
+    so a GPU would see other inputs than the CPU's workers make); a float tensor (``data.cache``'s batches) is
+    returned as it is. No value is read back from the device."""
+    if images.dtype != torch.uint8:
+        return images
+    return images.float().div_(torch.full((), 255.0, device=images.device))
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -59,13 +73,14 @@ class TrainTransform:
     """Multi-resolution resize, random crop and optional flip (see the module docstring)."""
 
     def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True,
-                 pad: str = "size"):
+                 pad: str = "size", uint8: bool = False):
         if pad not in TRAIN_PAD_MODES:
             raise ValueError(f"pad must be one of {TRAIN_PAD_MODES}, got '{pad}'")
         self.size = size
         self.resize_range = resize_range
         self.flip = flip
         self.pad = pad
+        self.uint8 = uint8
 
     def __call__(self, image: np.ndarray, seed: int) -> torch.Tensor:
         rng = np.random.default_rng(seed)
@@ -81,7 +96,7 @@ class TrainTransform:
         tensor = tensor[:, top:top + self.size, left:left + self.size]
         if self.flip and rng.random() < 0.5:
             tensor = tensor.flip(-1)
-        return tensor.float().div_(255.0)
+        return tensor.contiguous() if self.uint8 else as_unit_float(tensor)
 
 
 class TestTransform:
@@ -89,11 +104,12 @@ class TestTransform:
     ``short_crop`` (module docstring), run as the steps of ``resizing.test_resize_plan`` (``plan``), which an
     export writes into the model's JSON."""
 
-    def __init__(self, size: int, mode: str = "resize"):
+    def __init__(self, size: int, mode: str = "resize", uint8: bool = False):
         if mode not in TEST_RESIZE_MODES:
             raise ValueError(f"mode must be one of {TEST_RESIZE_MODES}, got '{mode}'")
         self.size = size
         self.mode = mode
+        self.uint8 = uint8
         self.plan = test_resize_plan(size, mode)
 
     def __call__(self, image: np.ndarray, seed: int = 0) -> torch.Tensor:
@@ -105,4 +121,4 @@ class TestTransform:
             tensor = _pad_to(tensor, self.plan["pad"]["size"])
         if self.plan["crop"]:
             tensor = F.center_crop(tensor, [self.plan["crop"]["size"]] * 2)
-        return tensor.float().div_(255.0)
+        return tensor.contiguous() if self.uint8 else as_unit_float(tensor)

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from ..data.table import RetrievalTable
-from ..data.torch_dataset import ImageDataset, inference_loader
-from ..data.transforms import TestTransform
+from ..data.torch_dataset import ImageDataset, inference_loader, uint8_batches
+from ..data.transforms import TestTransform, as_unit_float
 from ..distributed import DistContext, gather_rows, shard_rows
 from ..models.heads import HeadOutput
 from ..models.inference import InferenceForward
@@ -72,15 +72,16 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalTable, settings: Embed
     Under torch.distributed (``context``) each rank embeds rows ``rank::world`` and every rank gets all N."""
     context = context or DistContext()
     rows = shard_rows(len(table), context)
-    dataset = torch.utils.data.Subset(ImageDataset(table, TestTransform(settings.image_size, settings.test_resize)),
-                                      rows.tolist())
+    transform = TestTransform(settings.image_size, settings.test_resize, uint8=uint8_batches(settings.device))
+    dataset = torch.utils.data.Subset(ImageDataset(table, transform), rows.tolist())
     loader = inference_loader(dataset, settings.batch_size, settings.num_workers, settings.pin_memory, settings.device)
     forward = settings.forward(model)
     chunks: dict[str, list[torch.Tensor]] = {}
     with eval_mode(model):
         for images, _, _ in progress_bar(loader, desc=desc, unit="batch", disable=not settings.progress,
                                          leave=False):
-            for name, value in select(forward(images.to(settings.device, non_blocking=True))).items():
+            images = as_unit_float(images.to(settings.device, non_blocking=True))
+            for name, value in select(forward(images)).items():
                 chunks.setdefault(name, []).append(value.float().cpu())
     return {name: gather_rows(torch.cat(values).to(settings.device), len(table), context).cpu().numpy()
             for name, values in chunks.items()}

@@ -32,7 +32,8 @@ from ..data import TrainTransform, check_data_path
 from ..data.batched_transforms import BatchedTrainTransform
 from ..data.cache import CachedBatches
 from ..data.table import RetrievalTable
-from ..data.torch_dataset import ImageDataset, training_loader
+from ..data.torch_dataset import ImageDataset, training_loader, uint8_batches
+from ..data.transforms import as_unit_float
 from ..distributed import (
     DistContext,
     agreed,
@@ -213,7 +214,7 @@ def _loop(session: Session) -> TrainResult:
     with stop_on_signals() as stop:
         for step in range(start_step, end):
             images, labels, _ = next(batches)
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images, labels = as_unit_float(images.to(device, non_blocking=True)), labels.to(device, non_blocking=True)
             apply_schedule(optimizer, t.lr_schedule, step, t.steps, t.lr_milestones, t.lr_gamma)
             objective.set_step(step)
             with precision.autocast():
@@ -280,8 +281,8 @@ def _batches(session: Session) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any
     if session.cache is not None:
         augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
         return iter(CachedBatches(session.cache, session.sampler, labels, augment, device))
-    dataset = ImageDataset(session.train_part, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad),
-                           labels=labels)
+    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device))
+    dataset = ImageDataset(session.train_part, transform, labels=labels)
     return iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
 
 
