@@ -116,8 +116,8 @@ def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) 
     from deepmetric.data.batched_transforms import BatchedTrainTransform
     from deepmetric.data.cache import CachedBatches, ImageCache
     from deepmetric.data.sampler import PKSampler
-    from deepmetric.data.torch_dataset import ImageDataset
-    from deepmetric.data.transforms import TrainTransform
+    from deepmetric.data.torch_dataset import ImageDataset, uint8_batches
+    from deepmetric.data.transforms import TrainTransform, as_unit_float
     from deepmetric.runs.table import load_table
 
     config = run_config(args, 0)
@@ -133,12 +133,13 @@ def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) 
     decoding = time.perf_counter() - start
     augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
     cached = iter(CachedBatches(cache, sampler(), labels, augment, device, prefetch=False))
-    dataset = ImageDataset(table, TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad), labels)
+    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device))
+    dataset = ImageDataset(table, transform, labels)  # as the trainer makes it: uint8 batches on a GPU
     uncached = iter(trainer.training_loader(dataset, sampler(), 0, False, device))
     times: dict[str, list[float]] = {"uncached": [], "cached": []}
     for step in range(batches + 1):
         for name, source in (("uncached", uncached), ("cached", cached)):
-            seconds = timed(lambda source=source: next(source)[0].to(device), device)
+            seconds = timed(lambda source=source: as_unit_float(next(source)[0].to(device)), device)
             if step:  # the first batch warms up
                 times[name].append(seconds)
     return {"uncached": statistics.median(times["uncached"]), "cached": statistics.median(times["cached"]),
