@@ -17,6 +17,7 @@ from deepmetric.runs.folder import RunDir
 from deepmetric.runs.model import load_run_model
 from deepmetric.training import TrainingError, train
 from helpers import assert_resumed_exactly, checkpoint, make_table, reads_made_by_deepmetric, tiny_config
+from test_resume import CASES as RESUME_CASES
 
 
 def weights(path):
@@ -89,20 +90,27 @@ def test_non_finite_loss_stops_with_the_step_and_the_term(tmp_path):
     assert not RunDir(tmp_path / "run").last.exists()
 
 
-@pytest.mark.parametrize("sections", [{}, {"model": {"head": "abe", "head_options": {"num_learners": 2}},
-                                          "loss": {"regularizers": {"divergence": {"weight": 1.0}}}}])
-def test_a_training_step_reads_one_value_from_its_device_the_loss(tmp_path, monkeypatch, sections):
+PLUG_INS = {**RESUME_CASES, **{f"loss {name}": {"loss": {"name": name}} for name in LOSSES},
+            "divergence": {"model": {"head": "abe", "head_options": {"num_learners": 2}},
+                           "loss": {"regularizers": {"divergence": {"weight": 1.0}}}}}
+
+
+@pytest.mark.parametrize("case", list(PLUG_INS))
+def test_a_training_step_reads_one_value_from_its_device_the_loss(tmp_path, monkeypatch, case):
     """The finite check and the logged loss share one read, made before the backward pass is queued: on a GPU the
     host then waits for the forward pass only and prepares the next batch while the backward pass runs (until
-    2026-11-28 the loss was read a second time after the optimiser's step, which waits for the whole step). Six more
-    steps, six more reads (what a run reads once, at its start and end, cancels out)."""
+    2026-11-28 the loss was read a second time after the optimiser's step, which waits for the whole step). Three more
+    steps, three more reads (what a run reads once, at its start and end, cancels out), for every head, loss and
+    regulariser, the cross-batch memory included. MIRAGE reads three a step: the loss, its own step's terms (checked in
+    one read) and the number of its batch's largest class (from labels it copies to the host to choose virtual
+    classes with its CPU noise stream)."""
 
     def reads(steps: int) -> int:
-        config = tiny_config(**sections, train={"steps": steps, "eval_every": 1000, "checkpoint_every": 1000,
-                                                "log_every": 1000})
+        config = tiny_config(**{**PLUG_INS[case], "train": {"steps": steps, "eval_every": 1000,
+                                                            "checkpoint_every": 1000, "log_every": 1000}})
         return reads_made_by_deepmetric(monkeypatch, lambda: train(config, tmp_path / f"run{steps}", progress=False))
 
-    assert reads(10) - reads(4) == 6
+    assert reads(6) - reads(3) == 3 * (3 if case == "mirage" else 1)
 
 
 def test_a_gpus_uint8_batches_train_and_validate_as_float_batches_bit_for_bit(tmp_path, monkeypatch):
@@ -125,6 +133,23 @@ def test_a_gpus_uint8_batches_train_and_validate_as_float_batches_bit_for_bit(tm
                            checkpoint(RunDir(tmp_path / "uint8").last), steps=4)
     best = [RunDir(tmp_path / name).read_log() for name in ("float", "uint8")]
     assert [r for r in best[0] if "split" in r] == [r for r in best[1] if "split" in r] != []
+
+
+def test_a_non_finite_term_of_the_generators_own_step_stops_the_run_naming_it(tmp_path, monkeypatch):
+    """MIRAGE's step adds its adversaries' terms after the backward pass; one that is NaN stops the run, named, and
+    the finite ones pass (they are all checked in one read from the device)."""
+    from deepmetric.generators.mirage import MirageGenerator
+
+    step = MirageGenerator.step
+
+    def with_nan(self, output, labels):
+        return {**step(self, output, labels), "fine": torch.tensor(1.0), "generator_nan": torch.tensor(float("nan"))}
+
+    monkeypatch.setattr(MirageGenerator, "step", with_nan)
+    config = tiny_config(generator={"name": "mirage", "options": {"diagnostic_images": 0}})
+    with pytest.raises(TrainingError, match="step 1: the loss term 'generator_nan' is nan"):
+        train(config, tmp_path / "run", progress=False)
+    assert not RunDir(tmp_path / "run").last.exists()
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path):

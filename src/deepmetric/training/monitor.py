@@ -21,18 +21,29 @@ def last_good(run: RunDir) -> str:
 
 
 def check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, run: RunDir,
-                 every_term: bool = False, amp: str | bool = False) -> float:
-    """Stop on a NaN/Inf loss (or, with ``every_term``, any term), naming the step and the first non-finite term;
-    ``last`` stays the last good one. Returns the loss as a float: the one value the step reads from the device,
-    before the backward pass is queued (on a GPU the host then waits for the forward pass only, and prepares the
-    next batch while the backward pass and the optimiser's step run). (Under fp16 the loss is finite on a step the
-    gradient scaler skips: its overflow is in the backward pass; an infinite loss is an overflow of the forward
-    pass, which no scale helps.)"""
+                 amp: str | bool = False) -> float:
+    """Stop on a NaN/Inf loss, naming the step and the first non-finite term; ``last`` stays the last good one.
+    Returns the loss as a float: the one value the step reads from the device, before the backward pass is queued
+    (on a GPU the host then waits for the forward pass only, and prepares the next batch while the backward pass and
+    the optimiser's step run). (Under fp16 the loss is finite on a step the gradient scaler skips: its overflow is in
+    the backward pass; an infinite loss is an overflow of the forward pass, which no scale helps.)"""
     value = float(loss.detach())
-    if math.isfinite(value) and not (every_term and not all(torch.isfinite(v) for v in terms.values())):
-        return value
-    bad = next((name for name, term in terms.items() if not torch.isfinite(term)), "total")
-    bad_value = float(terms[bad].detach()) if bad in terms else value
+    if not math.isfinite(value):
+        _stop(terms, value, step, run, amp)
+    return value
+
+
+def check_terms_finite(terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
+    """Stop on any non-finite term (after an example generator's own step adds its terms): all of them in one read
+    from the device, and the failing one named."""
+    if not terms or bool(torch.cat([t.detach().float().reshape(-1) for t in terms.values()]).isfinite().all()):
+        return
+    _stop(terms, math.nan, step, run)
+
+
+def _stop(terms: dict[str, torch.Tensor], total: float, step: int, run: RunDir, amp: str | bool = False) -> None:
+    bad = next((name for name, term in terms.items() if not torch.isfinite(term).all()), "total")
+    bad_value = float(terms[bad].detach()) if bad in terms else total
     hint = (" (train.amp=fp16: the forward pass may have overflowed float16, whose range ends at 65,504; "
             "train.amp=bf16 keeps float32's range)" if amp == "fp16" else "")
     raise TrainingError(f"step {step}: the loss term '{bad}' is {bad_value}{hint}; training stopped "

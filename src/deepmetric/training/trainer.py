@@ -54,7 +54,7 @@ from ..models.backbones import check_backbone_exists
 from ..progress import progress_bar
 from ..runs.folder import RunDir
 from .compiled import training_forward
-from .monitor import CONSTANT_LOSS_STEPS, ConstantLoss, StepLog, check_finite, last_good
+from .monitor import CONSTANT_LOSS_STEPS, ConstantLoss, StepLog, check_finite, check_terms_finite, last_good
 from .optim import apply_schedule
 from .selection import beats_backbone, improves, out_of_patience, selection_key
 from .session import (
@@ -230,7 +230,7 @@ def _loop(session: Session) -> TrainResult:
             precision.backward_and_step(loss, optimizer, step + 1, lambda: last_good(run))  # fp16: may skip it
             if generator is not None:
                 terms.update(generator.step(output, labels))
-                check_finite(loss, terms, step + 1, run, every_term=True)
+                check_terms_finite(terms, step + 1, run)
             done = step + 1
 
             step_log.step(len(labels), value)
