@@ -6,7 +6,8 @@ On a GPU the loaders carry uint8 pixels (``deepmetric.data.torch_dataset.uint8_b
 224 px is 9.6 MB instead of 38.5, each time it crosses from a worker to the training process (shared memory), into
 pinned memory and onto the GPU. No model runs: the figure is the rate at which the loader alone hands the loop
 ready batches, the bound of a step fed by it. The two kinds run in interleaved rounds (each loader's workers started
-and its first batch taken before the clock), medians over the rounds; the ratio is uint8 over float32.
+and the batches they had made ahead taken before the clock, then stopped before the next loader starts), medians over
+the rounds; the ratio is uint8 over float32.
 
     .venv/bin/python benchmarks/loader_dtype.py [--data emoji|small-png] [--size 224] [--workers 2] \\
         [--device cpu] [--batches 20] [--rounds 3] [--out FILE]
@@ -20,9 +21,11 @@ Prints a table and writes benchmarks/results/loader_dtype[_<device>].json.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +50,39 @@ def small_pngs(root: Path, classes: int = 48, per_class: int = 32) -> str:
     return f"folder:{root}"
 
 
-def loaders(args: argparse.Namespace, spec: str, device: torch.device) -> dict[str, Any]:
-    """The four loaders, by name: (training or embedding) x (float32 or uint8), each endless enough for the rounds."""
+def loaders(args: argparse.Namespace, spec: str, device: torch.device) -> dict[str, Callable[[], Any]]:
+    """The four loaders, by name: (training or embedding) x (float32 or uint8), each a function that starts it anew
+    (its workers then start), long enough for one measurement."""
     table = load_dataset(spec)
     train_part, test_part = table.split("train"), table.split("test")
     labels = np.searchsorted(np.unique(train_part.labels), train_part.labels)
-    steps = (args.batches * args.rounds + 2) * 2
-    made = {}
+    steps = settling_batches(args.workers) + args.batches + 1
+    made: dict[str, Callable[[], Any]] = {}
     for kind, uint8 in (("float32", False), ("uint8", True)):
-        sampler = PKSampler(labels, 16, 4, seed=0, num_steps=steps)
         train_set = ImageDataset(train_part, TrainTransform(args.size, (1.0, 1.3), True, "size", uint8=uint8), labels)
-        made[f"training, {kind}"] = training_loader(train_set, sampler, args.workers, None, device)
         rows = np.resize(np.arange(len(test_part)), 64 * steps)  # the test split, again and again
         test_set = torch.utils.data.Subset(ImageDataset(test_part, TestTransform(args.size, uint8=uint8)), rows)
-        made[f"embedding, {kind}"] = inference_loader(test_set, 64, args.workers, None, device)
-    return {name: iter(loader) for name, loader in made.items()}
+        made[f"training, {kind}"] = functools.partial(
+            training_loader, train_set, PKSampler(labels, 16, 4, seed=0, num_steps=steps), args.workers, None, device)
+        made[f"embedding, {kind}"] = functools.partial(inference_loader, test_set, 64, args.workers, None, device)
+    return made
+
+
+def settling_batches(workers: int) -> int:
+    """Batches taken before the clock: the first, then as many as the workers had made ahead meanwhile (a
+    DataLoader keeps 2 a worker ready), so that the clock sees the rate at which they make batches, not a queue."""
+    return 1 + 2 * workers
+
+
+def measure(start: Callable[[], Any], count: int, workers: int, device: torch.device) -> float:
+    """Images per second of ``count`` batches of a loader started anew, after ``settling_batches``; its workers
+    stop afterwards (the other loaders' workers do not run while one is timed)."""
+    batches = iter(start())
+    for _ in range(settling_batches(workers)):
+        as_unit_float(next(batches)[0].to(device))
+    rate = images_per_second(batches, count, device)
+    del batches
+    return rate
 
 
 def images_per_second(batches: Any, count: int, device: torch.device) -> float:
@@ -92,13 +113,11 @@ def main() -> None:
 
     scratch = tempfile.TemporaryDirectory()
     spec = small_pngs(Path(scratch.name)) if args.data == "small-png" else args.data
-    batches = loaders(args, spec, device)
-    for source in batches.values():  # workers started, first batch (and pinning thread) out of the clock
-        as_unit_float(next(source)[0].to(device))
-    rates: dict[str, list[float]] = {name: [] for name in batches}
+    starts = loaders(args, spec, device)
+    rates: dict[str, list[float]] = {name: [] for name in starts}
     for _ in range(args.rounds):
-        for name, source in batches.items():
-            rates[name].append(images_per_second(source, args.batches, device))
+        for name, start in starts.items():
+            rates[name].append(measure(start, args.batches, args.workers, device))
     medians = {name: statistics.median(values) for name, values in rates.items()}
     ratios = {loader: medians[f"{loader}, uint8"] / medians[f"{loader}, float32"]
               for loader in ("training", "embedding")}
