@@ -106,8 +106,8 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('fa
         | grep -v Warning | tail -14 | tee -a "$RES/data_path_cache.log"
     done
     # the loaders alone, uint8 batches (today's default on a GPU) against float32 ones, 12 workers
-    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 120 $PY benchmarks/loader_dtype.py --data emoji --size 224 --workers 12 \
-      --batches 15 --rounds 3 --out "$RES/loader_dtype_cuda.json" 2>&1 | grep -v Warning | tee "$RES/loader_dtype.log"
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 150 $PY benchmarks/loader_dtype.py --data emoji --size 224 --workers 12 \
+      --batches 30 --rounds 2 --out "$RES/loader_dtype_cuda.json" 2>&1 | grep -v Warning | tee "$RES/loader_dtype.log"
     ;;
   compile-heads)  # 1. train.compile head by head at the studies' 160 px (HEADS: which; GAP is the compile section's)
     section compile-heads
