@@ -36,7 +36,10 @@ def check_finite(loss: torch.Tensor, terms: dict[str, torch.Tensor], step: int, 
 def check_terms_finite(terms: dict[str, torch.Tensor], step: int, run: RunDir) -> None:
     """Stop on any non-finite term (after an example generator's own step adds its terms): all of them in one read
     from the device, and the failing one named."""
-    if not terms or bool(torch.cat([t.detach().float().reshape(-1) for t in terms.values()]).isfinite().all()):
+    if not terms:
+        return
+    device = next(iter(terms.values())).device
+    if bool(torch.cat([t.detach().float().reshape(-1).to(device) for t in terms.values()]).isfinite().all()):
         return
     _stop(terms, math.nan, step, run)
 
