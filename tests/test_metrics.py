@@ -142,7 +142,8 @@ def test_the_host_selection_is_taken_only_where_numpy_selects_with_simd(monkeypa
     monkeypatch.setattr(topk_module.platform, "machine", lambda: "aarch64")
     assert not rule()
     monkeypatch.undo()
-    assert isinstance(topk_module._numpy_cpu_features(), dict)  # numpy's own table, read without error
+    table = topk_module._numpy_cpu_features()  # numpy's own table: every numpy 2 has one, 1.26 elsewhere
+    assert isinstance(table, dict) and (bool(table) or int(np.__version__.split(".")[0]) < 2)
 
 
 def test_own_row_is_removed_by_index_not_by_position():
