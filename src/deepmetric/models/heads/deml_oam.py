@@ -200,8 +200,8 @@ def attention_boxes_on_device(attention: torch.Tensor) -> torch.Tensor:
     the host: (B, 4) float32. The same boxes as ``attention_box`` (tested): the map's mean in float64, the largest
     component found by ``largest_components_on_device``, and the same ``square_boxes``."""
     maps = attention.detach().float()
-    above = maps.double() > maps.double().mean(dim=(1, 2), keepdim=True)
-    return square_boxes(largest_components_on_device(above), is_flat(maps))
+    precise = maps.double()
+    return square_boxes(largest_components_on_device(precise > precise.mean(dim=(1, 2), keepdim=True)), is_flat(maps))
 
 
 @torch.compiler.disable
