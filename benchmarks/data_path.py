@@ -22,7 +22,7 @@ the CPU with the cache). With ``--rounds R`` the set-ups run R times in turn and
 over all its windows (other processes on the machine then weigh on every set-up alike).
 
     .venv/bin/python benchmarks/data_path.py --data folder:PATH [--size 224] [--device cuda] [--amp] \\
-        [--workers 0,4,8] [--no-cache] [--steps 60] [--warmup 20] [--rounds 1]
+        [--workers 0,4,8] [--no-cache] [--steps 60] [--warmup 20] [--rounds 1] [--color-jitter 0.4,0.4,0.4,0.1]
 
 Prints a table and writes benchmarks/results/data_path.json.
 """
@@ -52,7 +52,8 @@ def run_config(args: argparse.Namespace, workers: int, cache: bool = False) -> A
     return build_config({
         "data": {"spec": args.data, "image_size": args.size, "resize_range": [1.0, 1.3], "flip": False,
                  "classes_per_batch": args.classes_per_batch, "samples_per_class": args.samples_per_class,
-                 "check_images": False, "check_counts": False, "num_workers": workers, "cache": cache},
+                 "check_images": False, "check_counts": False, "num_workers": workers, "cache": cache,
+                 "color_jitter": args.color_jitter},
         "model": {"backbone": args.backbone, "pretrained": args.backbone == "lite0", "head": "gap"},
         "loss": {"name": "binomial"},
         "train": {"steps": args.steps, "log_every": args.log_every, "eval_every": 10**6,
@@ -131,9 +132,10 @@ def batch_seconds(args: argparse.Namespace, device: torch.device, batches: int) 
     start = time.perf_counter()
     cache = ImageCache.build(table, d.image_size, d.resize_range, d.train_pad, device)
     decoding = time.perf_counter() - start
-    augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
+    augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, d.color_jitter)
     cached = iter(CachedBatches(cache, sampler(), labels, augment, device, prefetch=False))
-    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device))
+    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device),
+                               color_jitter=d.color_jitter)
     dataset = ImageDataset(table, transform, labels)  # as the trainer makes it: uint8 batches on a GPU
     uncached = iter(trainer.training_loader(dataset, sampler(), 0, False, device))
     times: dict[str, list[float]] = {"uncached": [], "cached": []}
@@ -165,6 +167,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the figures")
+    parser.add_argument("--color-jitter", default="0,0,0,0", metavar="B,C,S,H",
+                        type=lambda text: [float(x) for x in text.split(",")],
+                        help="data.color_jitter of every set-up (brightness, contrast, saturation, hue)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "data_path.json"))
     args = parser.parse_args()
     if args.steps - args.warmup < 2 * args.log_every:
@@ -206,6 +211,7 @@ def main() -> None:
     write_result(args.out, {"benchmark": "data_path", "data": args.data, "backbone": args.backbone,
                             "image_size": args.size, "batch": args.classes_per_batch * args.samples_per_class,
                             "amp": args.amp, "channels_last": not args.contiguous, "steps": args.steps,
+                            "color_jitter": args.color_jitter,
                             "warmup_steps": args.warmup, "rounds": args.rounds, **environment(device), "rows": rows,
                             "data_path_alone": alone})
 

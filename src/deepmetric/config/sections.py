@@ -26,6 +26,12 @@ class DataConfig:
     """Multi-resolution augmentation: the longer side is resized to U[lo, hi] x image_size."""
     flip: bool = True
     """Random horizontal flip at training time (turn off for characters: b/d)."""
+    color_jitter: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Colour jitter of the training crop, torchvision's ``ColorJitter(brightness, contrast, saturation, hue)``: each
+    of the first three factors drawn from ``U[max(0, 1 - x), 1 + x]``, the hue's from ``U[-x, x]`` (at most 0.5),
+    applied in a random order and rounded back to 8-bit levels (``deepmetric.data.color_jitter``); the same with
+    ``data.cache``, there on the training device. Off (all zero) by default, as in every paper of the project; a
+    common choice elsewhere is ``[0.4, 0.4, 0.4, 0.1]``."""
     train_pad: str = "size"
     """Before the random crop, pad the resized image to image_size (``size``, the thesis and the HORDE code)
     or its shorter side to the longer one (``square``, ABE), or resize both sides to the drawn length without
@@ -62,7 +68,8 @@ class DataConfig:
     ``ceil(resize_range[1] x image_size)``: what lets a batch be one tensor); the resize, padding, crop and flip then
     run as batched tensor operations with the same draws from the same seeds as without it. The crops equal the
     uncached ones to one level of 255 for images within that size, and are slightly softer (resized twice) for
-    larger ones (``deepmetric.data.batched_transforms``). No DataLoader workers are used."""
+    larger ones (``deepmetric.data.batched_transforms``), and the colour jitter is the same function on the same
+    draws. No DataLoader workers are used."""
     seed: int = 0
     """Seed of the data set itself where it has one (the glyphs character split)."""
 

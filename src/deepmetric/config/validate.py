@@ -8,6 +8,7 @@ import types
 import typing
 from typing import Any, Literal
 
+from ..data.jitter_options import check_strengths
 from ..data.resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES
 from ..errors import ConfigError
 from ..evaluation.engines import KNN_ENGINES
@@ -64,6 +65,10 @@ def _validate_data(d: DataConfig) -> None:
     lo, hi = d.resize_range
     if not 0 < lo <= hi:
         raise ConfigError(f"data.resize_range must satisfy 0 < lo <= hi, got {list(d.resize_range)}")
+    try:
+        check_strengths(d.color_jitter)
+    except ValueError as error:
+        raise ConfigError(f"data.{error}") from None
     if d.test_resize not in TEST_RESIZE_MODES:
         raise ConfigError(f"data.test_resize must be one of {', '.join(TEST_RESIZE_MODES)}, got '{d.test_resize}'")
     if d.train_pad not in TRAIN_PAD_MODES:

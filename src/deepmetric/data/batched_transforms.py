@@ -11,7 +11,8 @@ builds each row as torch's antialiased bilinear resize (``interpolate(..., antia
 ``torchvision``'s ``resize`` runs) does for the output row it lands on: a triangle filter widened by the scale when
 shrinking, clamped at the image's edges and normalised; a row that lands on the padding is zero (black), and the
 flip reverses the rows of ``Wx``. A batch is then two batched matrix products over images zero-padded to the
-batch's largest, rounded to 8-bit levels as the uint8 resize is.
+batch's largest, rounded to 8-bit levels as the uint8 resize is; the colour jitter, when on, then runs on the batch
+(``color_jitter.color_jitter``, the function ``TrainTransform`` runs on one crop) and rounds to levels again.
 
 What is exactly equal and what is not: the draws are identical; from an image kept at the reader's size (every
 image whose longer side is at most ``cached_size``'s limit) the crop equals ``TrainTransform``'s up to the rounding
@@ -31,26 +32,31 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from .color_jitter import JitterDraw, color_jitter, draw_jitter, to_levels
+from .jitter_options import check_strengths
 from .resizing import TRAIN_PAD_MODES
-from .transforms import to_tensor
+from .transforms import levels_to_unit, to_tensor
 
 
 @dataclass(frozen=True)
 class CropDraw:
     """One sample's augmentation: the image resized to ``height`` x ``width``; output pixel (i, j) of the crop is
-    resized pixel (i + ``row``, j + ``column``), black where that lies outside the resized image; ``flip``."""
+    resized pixel (i + ``row``, j + ``column``), black where that lies outside the resized image; ``flip``; then
+    the colour ``jitter`` (None: none)."""
 
     height: int
     width: int
     row: int
     column: int
     flip: bool
+    jitter: JitterDraw | None = None
 
 
 def draw_crop(seed: int, height: int, width: int, size: int, resize_range: tuple[float, float], flip: bool,
-              pad: str) -> CropDraw:
+              pad: str, jitter: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> CropDraw:
     """``TrainTransform``'s draws for an image of ``height`` x ``width`` from ``seed``, in its order: the longer
-    side ``max(1, round(U[lo, hi] * size))``, the crop's top and left on the padded canvas, then the flip."""
+    side ``max(1, round(U[lo, hi] * size))``, the crop's top and left on the padded canvas, the flip, then the
+    colour jitter of strengths ``jitter`` (``color_jitter.draw_jitter``)."""
     rng = np.random.default_rng(seed)
     lo, hi = resize_range
     longer = max(1, round(rng.uniform(lo, hi) * size))
@@ -65,7 +71,7 @@ def draw_crop(seed: int, height: int, width: int, size: int, resize_range: tuple
     left = int(rng.integers(0, canvas_w - size + 1))
     flipped = bool(flip and rng.random() < 0.5)
     return CropDraw(resized_h, resized_w, top - (canvas_h - resized_h) // 2, left - (canvas_w - resized_w) // 2,
-                    flipped)
+                    flipped, draw_jitter(rng, jitter))
 
 
 def largest_side(size: int, resize_range: tuple[float, float]) -> int:
@@ -134,18 +140,20 @@ def resampling_weights(source: torch.Tensor, resized: torch.Tensor, offset: torc
 
 
 class BatchedTrainTransform:
-    """``TrainTransform(size, resize_range, flip, pad)`` over a batch of cached uint8 images (module docstring)."""
+    """``TrainTransform(size, resize_range, flip, pad, color_jitter=...)`` over a batch of cached uint8 images
+    (module docstring)."""
 
     def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True,
-                 pad: str = "size"):
+                 pad: str = "size", color_jitter: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)):
         if pad not in TRAIN_PAD_MODES:
             raise ValueError(f"pad must be one of {TRAIN_PAD_MODES}, got '{pad}'")
         low, high = resize_range  # a list from a config file becomes a tuple
         self.size, self.resize_range, self.flip, self.pad = size, (low, high), flip, pad
+        self.color_jitter = check_strengths(color_jitter)
 
     def draws(self, shapes: Sequence[tuple[int, int]], seeds: Sequence[int]) -> list[CropDraw]:
         """Each sample's draws, for its image's shape as read (before the cache shrank it)."""
-        return [draw_crop(seed, h, w, self.size, self.resize_range, self.flip, self.pad)
+        return [draw_crop(seed, h, w, self.size, self.resize_range, self.flip, self.pad, self.color_jitter)
                 for (h, w), seed in zip(shapes, seeds, strict=True)]
 
     def __call__(self, images: Sequence[torch.Tensor], shapes: Sequence[tuple[int, int]], seeds: Sequence[int],
@@ -172,5 +180,8 @@ class BatchedTrainTransform:
         wy = resampling_weights(source_h, resized_h, row, self.size, height, taps_h)  # (B, size, H)
         wx = resampling_weights(source_w, resized_w, column, self.size, width, taps_w)  # (B, size, W)
         wx = torch.where(flip.bool()[:, None, None], wx.flip(1), wx)
-        crops = wy[:, None] @ batch @ wx.transpose(1, 2)[:, None]  # (B, 3, size, size)
-        return crops.round_().clamp_(0, 255).div_(255.0)
+        levels = (wy[:, None] @ batch @ wx.transpose(1, 2)[:, None]).round_().clamp_(0, 255)  # (B, 3, size, size)
+        jitters = [draw.jitter for draw in draws]
+        if any(jitter is not None for jitter in jitters):  # as TrainTransform: on the crops in [0, 1], to levels
+            levels = to_levels(color_jitter(levels_to_unit(levels), jitters))
+        return levels_to_unit(levels)

@@ -5,7 +5,9 @@ the longer side is resized to ``U[lo, hi] x size`` keeping the aspect ratio, a `
 taken at random (a side shorter than ``size`` is first centred on a black canvas; with ``pad="square"``,
 ABE §4's preprocessing, the shorter side is padded to the longer one first, so the crop also moves across
 the padding; with ``pad="stretch"``, ABE's cropped Cars-196, both sides are resized to the drawn length and
-the aspect ratio is not kept), then a horizontal flip with probability 1/2. Test (``TEST_RESIZE_MODES``):
+the aspect ratio is not kept), then a horizontal flip with probability 1/2, then, with ``color_jitter`` (none of
+the papers uses it; off by default), torchvision's ``ColorJitter`` on the crop, rounded back to 8-bit levels
+(``color_jitter.py``). Test (``TEST_RESIZE_MODES``):
 resize to ``size x size`` (``resize``, the thesis), resize to ``ceil(1.144 size)`` and centre-crop ``size``
 (``resize_crop``, the HORDE authors' code), scale the longer side to ``round(256/224 size)`` keeping the
 aspect ratio, pad the shorter side to a square and centre-crop ``size`` (``pad_crop``, ABE §4: 256 -> 224),
@@ -29,6 +31,8 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from .color_jitter import color_jitter, draw_jitter, to_levels
+from .jitter_options import check_strengths
 from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES, resized_size, test_resize_plan
 
 
@@ -40,7 +44,12 @@ def as_unit_float(images: torch.Tensor) -> torch.Tensor:
     returned as it is. No value is read back from the device."""
     if images.dtype != torch.uint8:
         return images
-    return images.float().div_(torch.full((), 255.0, device=images.device))
+    return levels_to_unit(images.float())
+
+
+def levels_to_unit(levels: torch.Tensor) -> torch.Tensor:
+    """Float 8-bit levels (0..255) divided by 255 in place, correctly rounded on any device (``as_unit_float``)."""
+    return levels.div_(torch.full((), 255.0, device=levels.device))
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -70,10 +79,11 @@ def _pad_to(image: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class TrainTransform:
-    """Multi-resolution resize, random crop and optional flip (see the module docstring)."""
+    """Multi-resolution resize, random crop, optional flip and colour jitter (see the module docstring)."""
 
     def __init__(self, size: int, resize_range: tuple[float, float] = (0.8, 1.8), flip: bool = True,
-                 pad: str = "size", uint8: bool = False):
+                 pad: str = "size", uint8: bool = False,
+                 color_jitter: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)):
         if pad not in TRAIN_PAD_MODES:
             raise ValueError(f"pad must be one of {TRAIN_PAD_MODES}, got '{pad}'")
         self.size = size
@@ -81,6 +91,7 @@ class TrainTransform:
         self.flip = flip
         self.pad = pad
         self.uint8 = uint8
+        self.color_jitter = check_strengths(color_jitter)
 
     def __call__(self, image: np.ndarray, seed: int) -> torch.Tensor:
         rng = np.random.default_rng(seed)
@@ -96,6 +107,9 @@ class TrainTransform:
         tensor = tensor[:, top:top + self.size, left:left + self.size]
         if self.flip and rng.random() < 0.5:
             tensor = tensor.flip(-1)
+        jitter = draw_jitter(rng, self.color_jitter)
+        if jitter is not None:  # on the crop in [0, 1], back to 8-bit levels
+            tensor = to_levels(color_jitter(as_unit_float(tensor.contiguous())[None], [jitter]))[0].to(torch.uint8)
         return tensor.contiguous() if self.uint8 else as_unit_float(tensor)
 
 

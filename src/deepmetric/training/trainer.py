@@ -279,9 +279,10 @@ def _batches(session: Session) -> Iterator[tuple[torch.Tensor, torch.Tensor, Any
     labels = np.searchsorted(session.classes, session.train_part.labels)
     assert session.sampler is not None  # build_session made it
     if session.cache is not None:
-        augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad)
+        augment = BatchedTrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, d.color_jitter)
         return iter(CachedBatches(session.cache, session.sampler, labels, augment, device))
-    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device))
+    transform = TrainTransform(d.image_size, d.resize_range, d.flip, d.train_pad, uint8=uint8_batches(device),
+                               color_jitter=d.color_jitter)
     dataset = ImageDataset(session.train_part, transform, labels=labels)
     return iter(training_loader(dataset, session.sampler, d.num_workers, d.pin_memory, device))
 
