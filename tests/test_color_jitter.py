@@ -19,8 +19,8 @@ from deepmetric.data.color_jitter import (
     adjust_hue,
     color_jitter,
     draw_jitter,
-    hsv_to_rgb,
-    rgb_to_hsv,
+    from_sextant_and_chroma,
+    sextant_and_chroma,
     to_levels,
 )
 from deepmetric.data.jitter_options import check_strengths
@@ -74,12 +74,13 @@ def test_each_operation_is_torchvisions_with_one_factor_per_image(operation):
     assert ours.min() >= 0 and ours.max() <= 1
 
 
-def test_hsv_is_undone_exactly_enough_and_a_full_turn_of_hue_changes_nothing():
+def test_the_hue_in_sextants_is_undone_and_a_full_turn_changes_nothing():
     batch = images(8)
-    assert (hsv_to_rgb(rgb_to_hsv(batch)) - batch).abs().max() < 1e-6
-    hsv = rgb_to_hsv(batch)
-    assert hsv.min() >= 0 and hsv[:, 0].max() < 1 and hsv[:, 1:].max() <= 1
-    assert (hsv[0, :2] == 0).all()  # grey: no hue, no saturation
+    sextant, value, chroma = sextant_and_chroma(batch)
+    assert sextant.min() >= 0 and sextant.max() < 6 and (chroma >= 0).all()
+    assert (sextant[0] == 0).all() and (chroma[0] == 0).all()  # grey: no hue, no chroma
+    assert (from_sextant_and_chroma(sextant, value, chroma) - batch).abs().max() < 1e-6
+    assert (from_sextant_and_chroma(sextant + 12, value, chroma) - batch).abs().max() < 1e-5
     assert (adjust_hue(batch, torch.full((8,), 0.5)) - adjust_hue(batch, torch.full((8,), -0.5))).abs().max() < 1e-5
 
 

@@ -8,7 +8,8 @@ an image in [0, 1] (``Y = 0.2989 R + 0.587 G + 0.114 B``, the ITU-R 601 luma tor
 - brightness ``f``: ``clamp(f x, 0, 1)``;
 - contrast ``f``: ``clamp(f x + (1 - f) mean(Y), 0, 1)``, the mean over the whole image (padding included);
 - saturation ``f``: ``clamp(f x + (1 - f) Y, 0, 1)``, pixel by pixel;
-- hue ``f``: the image in HSV, ``H <- (H + f) mod 1``, back to RGB.
+- hue ``f``: the image in HSV, ``H <- (H + f) mod 1``, back to RGB (done without the saturation: the chroma
+  ``max - min``, which it keeps, is all that is needed).
 
 ``draw_jitter`` makes those draws from the sample's own generator after the crop's (``TrainTransform`` and
 ``batched_transforms.draw_crop``), and draws nothing when every strength is zero, so a run without jitter sees the
@@ -87,38 +88,35 @@ def adjust_saturation(images: torch.Tensor, factor: torch.Tensor) -> torch.Tenso
     return blend(images, luma(images), factor)
 
 
-def rgb_to_hsv(images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) RGB in [0, 1] -> HSV, H in [0, 1): ``V = max``, ``S = (max - min) / max``, ``H`` the sextant of
-    the largest channel (R before G before B on ties) plus the other two's difference over ``max - min``, over 6;
-    ``S = H = 0`` where ``max = min`` (grey)."""
+def sextant_and_chroma(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(6 H, V, C) of (B, 3, H, W) RGB images in [0, 1], each (B, H, W): the value ``V = max``, the chroma
+    ``C = max - min`` and the hue in sextants, ``6 H`` in [0, 6): the largest channel's sextant (R before G before B
+    on ties) plus the other two's difference over ``C``; 0 where ``C = 0`` (grey). HSV's saturation is ``C / V``."""
     r, g, b = images.unbind(dim=1)
-    value, _ = images.max(dim=1)
-    chroma = value - images.min(dim=1).values
+    low, value = torch.aminmax(images, dim=1)
+    chroma = value - low
     grey = chroma == 0
-    safe_chroma = torch.where(grey, torch.ones_like(chroma), chroma)
-    saturation = torch.where(grey, torch.zeros_like(chroma), chroma / torch.where(grey, torch.ones_like(value), value))
-    hue = torch.where(value == r, (g - b) / safe_chroma,
-                      torch.where(value == g, (b - r) / safe_chroma + 2, (r - g) / safe_chroma + 4))
-    hue = torch.where(grey, torch.zeros_like(hue), (hue / 6).remainder(1.0))
-    return torch.stack((hue, saturation, value), dim=1)
+    safe = torch.where(grey, torch.ones_like(chroma), chroma)
+    sextant = torch.where(value == r, (g - b) / safe,
+                          torch.where(value == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    return torch.where(grey, torch.zeros_like(sextant), sextant.remainder(6.0)), value, chroma
 
 
-def hsv_to_rgb(images: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``rgb_to_hsv``: channel ``n`` (5 for R, 3 for G, 1 for B) is ``V - V S clamp(min(k, 4 - k),
-    0, 1)`` with ``k = (n + 6 H) mod 6``."""
-    hue, saturation, value = images.unbind(dim=1)
+def from_sextant_and_chroma(sextant: torch.Tensor, value: torch.Tensor, chroma: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``sextant_and_chroma`` (any real ``sextant``, read modulo 6): channel ``n`` (5 for R, 3 for G,
+    1 for B) is ``V - C clamp(min(k, 4 - k), 0, 1)`` with ``k = (n + 6 H) mod 6``."""
     channels = []
     for n in (5.0, 3.0, 1.0):
-        k = (hue * 6 + n).remainder(6.0)
-        channels.append(value - value * saturation * torch.minimum(k, 4 - k).clamp(0, 1))
+        k = (sextant + n).remainder(6.0)
+        channels.append(value - chroma * torch.minimum(k, 4 - k).clamp(0, 1))
     return torch.stack(channels, dim=1)
 
 
 def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """Each image's hue turned by its ``factor`` (in [-0.5, 0.5]) of the colour wheel."""
-    hsv = rgb_to_hsv(images)
-    hue = (hsv[:, 0] + factor.view(-1, 1, 1)).remainder(1.0)
-    return hsv_to_rgb(torch.stack((hue, hsv[:, 1], hsv[:, 2]), dim=1)).clamp_(0, 1)
+    """Each image's hue turned by its ``factor`` (in [-0.5, 0.5]) of the colour wheel: ``H <- (H + f) mod 1`` in HSV,
+    the value and saturation kept (so the largest channel and the chroma)."""
+    sextant, value, chroma = sextant_and_chroma(images)
+    return from_sextant_and_chroma(sextant + 6 * factor.view(-1, 1, 1), value, chroma).clamp_(0, 1)
 
 
 ADJUST = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
