@@ -108,6 +108,9 @@ torch.cuda.get_device_name(0), 'timm', timm.__version__, 'has', [m for m in ('fa
     # the loaders alone, uint8 batches (today's default on a GPU) against float32 ones, 12 workers
     DEEPMETRIC_DATA=$PWD/.gpu/data timeout 150 $PY benchmarks/loader_dtype.py --data emoji --size 224 --workers 12 \
       --batches 30 --rounds 2 --out "$RES/loader_dtype_cuda.json" 2>&1 | grep -v Warning | tee "$RES/loader_dtype.log"
+    # data.color_jitter's cost a batch, uncached (in this process) and cached (on the GPU), 224 px
+    DEEPMETRIC_DATA=$PWD/.gpu/data timeout 90 $PY benchmarks/jitter_cost.py --data emoji --size 224 --device cuda \
+      --batches 20 --out "$RES/jitter_cost_224px_cuda.json" 2>&1 | grep -v Warning | tail -8 | tee "$RES/jitter_cost.log"
     ;;
   compile-heads)  # 1. train.compile head by head at the studies' 160 px (HEADS: which; GAP is the compile section's)
     section compile-heads

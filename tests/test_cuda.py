@@ -123,6 +123,31 @@ def test_the_image_cache_lives_on_the_gpu_and_its_crops_are_the_cpus(tmp_path):
     assert_resumed_exactly(straight, resumed, 4)
 
 
+def test_the_colour_jitter_on_the_gpu_is_the_cpus(tmp_path):
+    """``data.color_jitter`` on CUDA: the batch's jitter there gives the CPU's (to float rounding, then levels), the
+    cached batches with jitter are the CPU's to the crops' level as the jitter amplifies it, and a cached, jittered
+    run resumes exactly."""
+    import numpy as np
+
+    from deepmetric.data.batched_transforms import BatchedTrainTransform
+    from deepmetric.data.cache import ImageCache
+    from deepmetric.data.color_jitter import color_jitter, draw_jitter
+
+    images = torch.rand(24, 3, 20, 20, generator=torch.Generator().manual_seed(0))
+    rng = np.random.default_rng(0)
+    draws = [draw_jitter(rng, (0.4, 0.4, 0.4, 0.5)) for _ in range(24)]
+    assert (color_jitter(images.cuda(), draws).cpu() - color_jitter(images, draws)).abs().max() < 1e-5
+    table = make_table(n_classes=4, per_class=4, size=40)
+    cache = ImageCache.build(table, 16, (0.8, 1.5), "size", "cuda")
+    augment, seeds = BatchedTrainTransform(16, (0.8, 1.5), color_jitter=(0.4, 0.4, 0.4, 0.1)), list(range(len(table)))
+    on_gpu = augment(cache.images, cache.shapes, seeds, "cuda")
+    on_cpu = augment([i.cpu() for i in cache.images], cache.shapes, seeds, "cpu")
+    assert on_gpu.is_cuda and (on_gpu.cpu() - on_cpu).abs().max() <= 8 / 255 + 1e-6
+    data = {"cache": True, "color_jitter": [0.4, 0.4, 0.4, 0.1]}
+    straight, resumed, _ = train_straight_and_resumed(tmp_path, **_on_cuda({"data": data}, deterministic=True))
+    assert_resumed_exactly(straight, resumed, 4)
+
+
 @pytest.mark.parametrize("case", ["gap", "abe", "deml", "horde"])
 def test_an_fp16_run_resumed_on_cuda_ends_where_an_uninterrupted_one_ends(tmp_path, case):
     """fp16 on the GPU: the CUDA gradient scaler's state comes back from ``last``; 20 steps against 14 + resume, with
