@@ -1,20 +1,26 @@
 """``train.compile`` head by head: the loss curve of a compiled run against the eager run of the same seed, and its
 speed, with the real trainer, in one process.
 
-For each variant of a study (``--only``), two runs of ``--steps`` steps each are trained one after the other with the
-study's settings and the same seed: eager (``train.compile=false``) and compiled (``train.compile=true``); the loss is
-logged at every step. Reported per variant:
+For each variant of a study (``--only``), three runs of ``--steps`` steps each are trained one after the other with
+the study's settings and the same seed: eager (``train.compile=false``), compiled (``train.compile=true``) and the
+rounding yardstick, eager again in the other memory layout (``train.channels_last`` flipped: the same arithmetic
+summed in another order, which the project tests equal to float rounding); the loss is logged at every step. Reported
+per variant:
 
 - the loss curves' largest relative difference over the steps, ``|compiled - eager| / |eager|``, and the first step
   where it exceeds ``--tolerance`` (a compiled kernel sums in another order, so the curves part by rounding and,
-  through the optimiser, drift; an error in the compiled graph parts them at once and by much);
+  through the optimiser, drift; an error in the compiled graph parts them at once and by much); the same for the
+  yardstick's curve, which says how far rounding alone takes two curves apart over as many steps (training
+  amplifies a last-bit difference: a fixed tolerance cannot tell rounding from a fault at step 200);
 - the median images/s of each run's steps after ``--warmup`` (the compiled run's first steps hold its compilation)
   and their ratio, compiled over eager;
 - the compiled run's first ``--warmup`` steps' extra seconds over the eager run's (about the compilation);
 - whether the compiled run fell back to eager (its warning).
 
 The issue's rule for turning ``train.compile`` on by default for a head on CUDA: at least 1.2 times as fast, and the
-curve within float tolerance over 200 steps.
+curve within float tolerance over 200 steps: read here as the compiled curve parting from the eager one no earlier and
+no further than the yardstick's, within a factor of 2 (``within_rounding``). ``--no-yardstick`` leaves that run
+out.
 
     python3 benchmarks/compile_curves.py configs/studies/emoji-160px.yaml [--only gap,abe] [--steps 200] \
         [--warmup 20] [--tolerance 0.01] [--out FILE] [key=value ...]
@@ -73,6 +79,17 @@ def compare(eager: list[dict[str, Any]], compiled: list[dict[str, Any]], warmup:
             "warmup_seconds_per_image": first}
 
 
+def within_rounding(row: dict[str, Any], yardstick: dict[str, Any], factor: float = 2.0) -> bool:
+    """Whether the compiled curve parts from the eager one as rounding alone parts two curves: its largest relative
+    difference at most ``factor`` times the yardstick's, and its first step over the tolerance (None: none) no earlier
+    than the yardstick's divided by ``factor``. Rounding's drift is chaotic (two perturbations of the last bit part at
+    different steps), hence a factor rather than an order; a fault in the compiled graph parts the curves from the
+    first steps and by far more."""
+    first, first_rounding = row["first_step_over_tolerance"], yardstick["first_step_over_tolerance"]
+    early = first is not None and (first_rounding is None or first < first_rounding / factor)
+    return row["largest_relative_difference"] <= factor * yardstick["largest_relative_difference"] and not early
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study")
@@ -81,6 +98,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the speed (default 20)")
     parser.add_argument("--tolerance", type=float, default=0.01, help="relative loss difference (default 0.01)")
+    parser.add_argument("--no-yardstick", action="store_true",
+                        help="leave out the eager run in the other memory layout (the rounding yardstick)")
     parser.add_argument("--out")
     args = parser.parse_intermixed_args()
 
@@ -94,29 +113,46 @@ def main() -> None:
     device = resolve_device("cpu")
     with tempfile.TemporaryDirectory() as scratch:
         for run in runs:
-            steps = {}
-            for mode in ("eager", "compiled"):
-                config = build_config(*run.layers, {"train": {"compile": mode == "compiled"}})
+            steps, fell_back = {}, False
+            modes = ("eager", "compiled") + (() if args.no_yardstick else ("yardstick",))
+            for mode in modes:
+                layers = [*run.layers, {"train": {"compile": mode == "compiled"}}]
+                if mode == "yardstick":
+                    channels_last = build_config(*layers).train.channels_last
+                    layers.append({"train": {"channels_last": not channels_last}})
+                config = build_config(*layers)
                 device = resolve_device(config.train.device)
                 folder = Path(scratch) / f"{run.variant}-{mode}"
                 warnings.messages.clear()
                 train(config, folder, progress=False)
                 steps[mode] = logged_steps(folder)
-                fell_back = any("cannot be compiled" in message for message in warnings.messages)
-            rows[run.variant] = {**compare(steps["eager"], steps["compiled"], args.warmup, args.tolerance),
-                                 "fell_back_to_eager": fell_back,
-                                 "losses": {mode: [r["loss"] for r in logged] for mode, logged in steps.items()}}
-            row = rows[run.variant]
+                if mode == "compiled":
+                    fell_back = any("cannot be compiled" in message for message in warnings.messages)
+            row = {**compare(steps["eager"], steps["compiled"], args.warmup, args.tolerance),
+                   "fell_back_to_eager": fell_back,
+                   "losses": {mode: [r["loss"] for r in logged] for mode, logged in steps.items()}}
+            if "yardstick" in steps:
+                yardstick = compare(steps["eager"], steps["yardstick"], args.warmup, args.tolerance)
+                row["yardstick"] = {key: yardstick[key] for key in (
+                    "largest_relative_difference", "relative_difference_at_last_step", "first_step_over_tolerance")}
+                row["within_rounding"] = within_rounding(row, row["yardstick"])
+            rows[run.variant] = row
             print(f"{run.variant}: compiled {row['speed_ratio']:.2f}x eager "
                   f"({row['images_per_s']['compiled']:.0f} vs {row['images_per_s']['eager']:.0f} images/s), "
                   f"largest loss difference {row['largest_relative_difference']:.2e}"
-                  f"{' (fell back to eager)' if fell_back else ''}", flush=True)
+                  + (f" (rounding alone: {row['yardstick']['largest_relative_difference']:.2e})"
+                     if "yardstick" in row else "")
+                  + (" (fell back to eager)" if fell_back else ""), flush=True)
     print(f"\n| variant | eager images/s | compiled images/s | compiled ÷ eager | largest relative loss difference "
-          f"| first step over {args.tolerance:g} |\n|---|---|---|---|---|---|")
+          f"| first step over {args.tolerance:g} | the same, eager in the other layout | within rounding |"
+          f"\n|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
+        yard = row.get("yardstick")
+        rounding = "—" if yard is None else \
+            f"{yard['largest_relative_difference']:.2e}, {yard['first_step_over_tolerance'] or '—'}"
         print(f"| {name} | {row['images_per_s']['eager']:.0f} | {row['images_per_s']['compiled']:.0f} "
               f"| {row['speed_ratio']:.2f} | {row['largest_relative_difference']:.2e} "
-              f"| {row['first_step_over_tolerance'] or '—'} |")
+              f"| {row['first_step_over_tolerance'] or '—'} | {rounding} | {row.get('within_rounding', '—')} |")
     out = args.out or Path(__file__).parent / "results" / f"compile_curves-{spec.name}.json"
     write_result(out, {"study": spec.name, "overrides": args.overrides, "steps": args.steps, "warmup": args.warmup,
                        "tolerance": args.tolerance, "rows": rows, "environment": environment(device)})
