@@ -208,7 +208,7 @@ def test_strengths_are_checked_by_name():
         check_strengths((0, 0, 0, 0.6))
     with pytest.raises(ValueError, match="saturation must be at least 0"):
         check_strengths((0, 0, -0.1, 0))
-    with pytest.raises(ValueError, match="4 strengths"):
+    with pytest.raises(ValueError, match=r"4 strengths \(brightness, contrast, saturation, hue\), got 1"):
         check_strengths((0.4,))
     with pytest.raises(ValueError, match="contrast must be at least 0"):
         TrainTransform(16, color_jitter=(0, float("nan"), 0, 0))
