@@ -16,6 +16,7 @@ from helpers import assert_resumed_exactly, make_table, tiny_config, train_strai
 
 PADS = ("size", "square", "stretch")
 LEVEL = 1 / 255 + 1e-6
+NO_JITTER, JITTER = (0.0, 0.0, 0.0, 0.0), (0.4, 0.4, 0.4, 0.1)
 
 
 def noise(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -109,27 +110,32 @@ def test_a_batch_of_images_of_different_sizes_is_each_images_own_crop():
         assert torch.allclose(batch[k], alone[0], atol=LEVEL)
 
 
-def test_a_batch_is_made_without_reading_a_value_back_from_its_device(monkeypatch):
+@pytest.mark.parametrize("jitter", [NO_JITTER, JITTER], ids=["no-jitter", "jitter"])
+def test_a_batch_is_made_without_reading_a_value_back_from_its_device(monkeypatch, jitter):
     """On a GPU a value read from a device tensor makes the host wait for everything queued before it, the training
     step included, so the thread that makes the next batch could not work ahead (the filter's width was read so
-    until 2026-11-28). Here every read of a tensor's value fails; the batch is made all the same."""
+    until 2026-11-28). Here every read of a tensor's value fails; the batch is made all the same, colour jitter
+    included."""
     size, resize_range = 16, (0.8, 1.5)
     images = [noise(10, 14, 1), noise(24, 8, 2), smooth(40, 30)]
     cached = [cache_image(i, size, resize_range, "size") for i in images]
     shapes, seeds = [i.shape[:2] for i in images], [1, 2, 3]
-    expected = BatchedTrainTransform(size, resize_range)(cached, shapes, seeds)
+    expected = BatchedTrainTransform(size, resize_range, color_jitter=jitter)(cached, shapes, seeds)
 
     def read(*_):
         raise AssertionError("a tensor's value was read on the host")
 
     for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, read)
-    batch = BatchedTrainTransform(size, resize_range)(cached, shapes, seeds)
+    batch = BatchedTrainTransform(size, resize_range, color_jitter=jitter)(cached, shapes, seeds)
     monkeypatch.undo()
     assert torch.equal(batch, expected)
 
 
-def test_cached_batches_are_the_loaders_batches_to_one_level():
+@pytest.mark.parametrize("jitter, levels", [(NO_JITTER, 1), (JITTER, 8)], ids=["no-jitter", "jitter"])
+def test_cached_batches_are_the_loaders_batches_to_one_level(jitter, levels):
+    """The same rows and labels, and images to the crops' one level (with colour jitter: as the jitter amplifies it,
+    ``test_color_jitter.py``)."""
     table = make_table(n_classes=6, per_class=5, size=24).split("train")
     labels = np.searchsorted(np.unique(table.labels), table.labels)
     size, resize_range = 20, (0.8, 1.3)
@@ -138,12 +144,14 @@ def test_cached_batches_are_the_loaders_batches_to_one_level():
         return PKSampler(labels, 2, 3, seed=5, num_steps=4)
 
     cache = ImageCache.build(table, size, resize_range, "size")
-    cached = list(CachedBatches(cache, sampler(), labels, BatchedTrainTransform(size, resize_range), "cpu"))
-    loaded = list(training_loader(ImageDataset(table, TrainTransform(size, resize_range), labels), sampler(), 0))
+    augment = BatchedTrainTransform(size, resize_range, color_jitter=jitter)
+    cached = list(CachedBatches(cache, sampler(), labels, augment, "cpu"))
+    transform = TrainTransform(size, resize_range, color_jitter=jitter)
+    loaded = list(training_loader(ImageDataset(table, transform, labels), sampler(), 0))
     assert len(cached) == len(loaded) == 4
     for (images, y, rows), (images_ref, y_ref, rows_ref) in zip(cached, loaded, strict=True):
         assert torch.equal(rows, rows_ref) and torch.equal(y, y_ref)
-        assert (images - images_ref).abs().max() <= LEVEL
+        assert (images - images_ref).abs().max() <= levels * LEVEL
 
 
 def test_cached_batches_made_ahead_by_a_thread_are_the_same_batches():
