@@ -15,9 +15,10 @@ an image in [0, 1] (``Y = 0.2989 R + 0.587 G + 0.114 B``, the ITU-R 601 luma tor
 ``batched_transforms.draw_crop``), and draws nothing when every strength is zero, so a run without jitter sees the
 pixels it saw before the option existed. ``color_jitter`` runs a batch's draws together: for each of the four
 places of the order and each operation, one operation on the samples that have it there (no sample's value is read
-back from the device, and the figures go to the device in one copy). ``TrainTransform`` calls it on one image,
-``data.cache`` on a batch on the training device: the same function, so the same pixels for the same crops. Both
-round the result to 8-bit levels, as a uint8 pipeline keeps an image, so the loaders' uint8 batches still carry it.
+back from the device; the groups' indices and factors go to it in two small copies). ``TrainTransform`` calls it on
+one image, ``data.cache`` on a batch on the training device: the same function, so the same pixels for the same
+crops. Both round the result to 8-bit levels, as a uint8 pipeline keeps an image, so the loaders' uint8 batches
+still carry it.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ ADJUST = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
 def color_jitter(images: torch.Tensor, draws: Sequence[JitterDraw | None]) -> torch.Tensor:
     """(B, 3, H, W) float in [0, 1]: each image jittered by its draw (None: left as it is), in its draw's order;
     ``torchvision.transforms.v2.ColorJitter`` with those draws, up to float rounding. The groups of samples are
-    known on the host; their indices and factors go to the device in one copy."""
+    known on the host; their indices and factors go to the device in one copy each."""
     groups: list[tuple[int, list[int]]] = []  # (operation, samples), place by place of the order
     indices: list[int] = []
     factors: list[float] = []
