@@ -26,7 +26,8 @@ RESULTS = ROOT / "docs" / "results.md"
 PAGES = {"emoji.yaml": "emoji-64px.md", "emoji-160px.yaml": "emoji-160px.md",
          "emoji-160px-extras.yaml": "emoji-160px-extras.md", "icons-cpu-64px.yaml": "icons-cpu-64px.md",
          "emoji-cpu-64px.yaml": "emoji-cpu-64px.md", "icons-cpu-64px-extras.yaml": "icons-cpu-64px-extras.md",
-         "emoji-cpu-64px-extras.yaml": "emoji-cpu-64px-extras.md"}
+         "emoji-cpu-64px-extras.yaml": "emoji-cpu-64px-extras.md", "emoji-jitter-64px.yaml": "color-jitter.md",
+         "icons-jitter-64px.yaml": "color-jitter.md"}
 """Each comparison's study file and the page of docs/studies/ that publishes its table."""
 COMPARISONS = tuple(PAGES)
 SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
@@ -38,7 +39,8 @@ SUMMARISED = {"emoji-160px.yaml": "Emoji at 160 px: the seven core methods",
 benchmark's ## heading) with them."""
 RECORDS = ("emoji.yaml", "emoji-160px.yaml", "emoji-160px-extras.yaml", "emoji-ablations-160px.yaml",
            "emoji-pml-tuning-160px.yaml", "icons-cpu-64px.yaml", "emoji-cpu-64px.yaml",
-           "icons-cpu-64px-extras.yaml", "emoji-cpu-64px-extras.yaml")
+           "icons-cpu-64px-extras.yaml", "emoji-cpu-64px-extras.yaml", "emoji-jitter-64px.yaml",
+           "icons-jitter-64px.yaml")
 """The study files whose records are committed under docs/studies/."""
 BEFORE_PER_QUERY = RECORDS[:5]
 """The records whose runs predate per-query files."""
