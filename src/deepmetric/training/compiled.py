@@ -10,8 +10,9 @@ autocast around it (bf16 or fp16); fp16's gradient scaler acts on the loss and t
 
 A model that cannot be compiled fails at its first call: the step is then taken eagerly, with one warning naming the
 reason, and every later step too (``models/compiled.py``, which the embedding pass's ``eval.compile`` shares).
-Compiling costs minutes on a CPU (Lite0's forward and backward: 343 s on 2 loaded cores) for a gain measured on GPUs
-only, so it is off unless asked for (``docs/benchmarks/training-step.md``).
+Compiling costs a minute or more on a CPU (Lite0's forward and backward: 45 s on 2 idle cores, 343 s on 2 loaded ones),
+and there the compiled step is slower (0.54-0.59 of eager for GAP, ABE, DIABLO, DGML and DeML at 64 px) with the same
+loss curve up to rounding; the gain is a GPU's, so it is off unless asked for (``docs/benchmarks/training-step.md``).
 """
 
 from __future__ import annotations
