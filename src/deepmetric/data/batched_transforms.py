@@ -12,7 +12,7 @@ builds each row as torch's antialiased bilinear resize (``interpolate(..., antia
 shrinking, clamped at the image's edges and normalised; a row that lands on the padding is zero (black), and the
 flip reverses the rows of ``Wx``. A batch is then two batched matrix products over images zero-padded to the
 batch's largest, rounded to 8-bit levels as the uint8 resize is; the colour jitter, when on, then runs on the batch
-(``color_jitter.color_jitter``, the function ``TrainTransform`` runs on one crop) and rounds to levels again.
+(``transforms.jitter_levels``, the function ``TrainTransform`` runs on one crop) and rounds to levels again.
 
 What is exactly equal and what is not: the draws are identical; from an image kept at the reader's size (every
 image whose longer side is at most ``cached_size``'s limit) the crop equals ``TrainTransform``'s up to the rounding
@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from .color_jitter import JitterDraw, color_jitter, draw_jitter, to_levels
+from .color_jitter import JitterDraw, draw_jitter
 from .jitter_options import check_strengths
 from .resizing import TRAIN_PAD_MODES
-from .transforms import levels_to_unit, to_tensor
+from .transforms import jitter_levels, levels_to_unit, to_tensor
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,6 @@ class BatchedTrainTransform:
         wx = torch.where(flip.bool()[:, None, None], wx.flip(1), wx)
         levels = (wy[:, None] @ batch @ wx.transpose(1, 2)[:, None]).round_().clamp_(0, 255)  # (B, 3, size, size)
         jitters = [draw.jitter for draw in draws]
-        if any(jitter is not None for jitter in jitters):  # as TrainTransform: on the crops in [0, 1], to levels
-            levels = to_levels(color_jitter(levels_to_unit(levels), jitters))
+        if any(jitter is not None for jitter in jitters):  # as TrainTransform does to its crop
+            levels = jitter_levels(levels, jitters)
         return levels_to_unit(levels)

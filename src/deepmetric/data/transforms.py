@@ -27,11 +27,13 @@ with what it pads).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from .color_jitter import color_jitter, draw_jitter, to_levels
+from .color_jitter import JitterDraw, color_jitter, draw_jitter, to_levels
 from .jitter_options import check_strengths
 from .resizing import TEST_RESIZE_MODES, TRAIN_PAD_MODES, resized_size, test_resize_plan
 
@@ -50,6 +52,12 @@ def as_unit_float(images: torch.Tensor) -> torch.Tensor:
 def levels_to_unit(levels: torch.Tensor) -> torch.Tensor:
     """Float 8-bit levels (0..255) divided by 255 in place, correctly rounded on any device (``as_unit_float``)."""
     return levels.div_(torch.full((), 255.0, device=levels.device))
+
+
+def jitter_levels(levels: torch.Tensor, draws: Sequence[JitterDraw | None]) -> torch.Tensor:
+    """(B, 3, H, W) float 8-bit levels (0..255) colour-jittered by ``draws`` (``color_jitter.color_jitter`` on them in
+    [0, 1]) and rounded back to levels: what ``TrainTransform`` does to its crop and ``data.cache`` to its batch."""
+    return to_levels(color_jitter(levels_to_unit(levels), draws))
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -109,7 +117,7 @@ class TrainTransform:
             tensor = tensor.flip(-1)
         jitter = draw_jitter(rng, self.color_jitter)
         if jitter is not None:  # on the crop in [0, 1], back to 8-bit levels
-            tensor = to_levels(color_jitter(as_unit_float(tensor.contiguous())[None], [jitter]))[0].to(torch.uint8)
+            tensor = jitter_levels(tensor.contiguous().float()[None], [jitter])[0].to(torch.uint8)
         return tensor.contiguous() if self.uint8 else as_unit_float(tensor)
 
 
