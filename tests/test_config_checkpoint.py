@@ -68,6 +68,12 @@ def test_bad_values_name_the_key():
     with pytest.raises(ConfigError, match="eval.engine must be one of auto, torch, numpy, faiss, cuda, got 'blas'"):
         build_config(parse_override("eval.engine=blas"))
     assert build_config(parse_override("eval.engine=numpy")).eval.engine == "numpy"
+    for jitter in ("0.4", "[0.4, 0.4]", "0.4,0.4,0.4,0.1,0"):  # a list of a fixed length says how long
+        with pytest.raises(ConfigError, match=r"^config key 'data.color_jitter': expected a list of 4 values, got "):
+            build_config(parse_override(f"data.color_jitter={jitter}"))
+    with pytest.raises(ConfigError, match=r"^config key 'data.resize_range': expected a list of 2 values, got 1.2$"):
+        build_config(parse_override("data.resize_range=1.2"))
+    assert build_config(parse_override("data.color_jitter=0.4,0.4,0.4,0.1")).data.color_jitter == (0.4, 0.4, 0.4, 0.1)
 
 
 @pytest.mark.parametrize(("values", "message"), [

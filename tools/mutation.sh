@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the mathematical core with mutmut (a dev-only tool: pip install -e '.[dev]').
 #
-#   tools/mutation.sh [module ...]      # modules: high_order losses metrics knn kmeans mirage deml_oam jitter heads
+#   tools/mutation.sh [module ...]      # modules: high_order losses metrics knn kmeans mirage deml_oam jitter cache statistics heads
 #                                       # (default: all)
 #   nohup tools/mutation.sh losses > mutation-losses.log 2>&1 &     # the way to run it: it takes a while
 #
@@ -37,6 +37,10 @@ MUTATE[deml_oam]="src/deepmetric/models/heads/deml_oam.py"  # also in heads: alo
 TESTS[deml_oam]="tests/test_deml_oam.py tests/test_head_options.py"
 MUTATE[jitter]="src/deepmetric/data/color_jitter.py src/deepmetric/data/jitter_options.py"
 TESTS[jitter]="tests/test_color_jitter.py"
+MUTATE[cache]="src/deepmetric/data/batched_transforms.py src/deepmetric/data/cache.py src/deepmetric/data/prefetch.py"
+TESTS[cache]="tests/test_cache.py tests/test_prefetch.py tests/test_sampler_transforms.py tests/test_color_jitter.py"
+MUTATE[statistics]="src/deepmetric/studies/statistics.py"
+TESTS[statistics]="tests/test_statistics.py tests/test_studies.py"
 MUTATE[heads]="src/deepmetric/models/heads/*"
 TESTS[heads]="tests/test_head_contract.py tests/test_attention_heads.py tests/test_deml.py tests/test_deml_oam.py
               tests/test_dgml.py tests/test_jcf.py tests/test_second_order.py tests/test_horde.py tests/test_models.py

@@ -73,11 +73,11 @@ def _coerce_union(value: Any, args: tuple[Any, ...], annotation: Any, key: str) 
 def _coerce_sequence(value: Any, origin: Any, args: tuple[Any, ...], key: str) -> list[Any] | tuple[Any, ...]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
-    if not isinstance(value, list | tuple):
-        raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        if len(value) != len(args):
-            raise ConfigError(f"config key '{key}': expected {len(args)} values, got {value!r}")
+    fixed = origin is tuple and bool(args) and args[-1] is not Ellipsis
+    wanted = f"a list of {len(args)} values" if fixed else "a list"
+    if not isinstance(value, list | tuple) or (fixed and len(value) != len(args)):
+        raise ConfigError(f"config key '{key}': expected {wanted}, got {value!r}")
+    if fixed:
         return tuple(coerce(v, a, key) for v, a in zip(value, args, strict=True))
     item_type = args[0] if args else Any
     coerced = [coerce(v, item_type, key) for v in value]
