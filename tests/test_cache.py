@@ -199,3 +199,158 @@ def test_a_cache_that_would_not_fit_is_refused_before_anything_is_written(tmp_pa
     assert not (tmp_path / "run" / "config.yaml").exists()
     with pytest.raises(DataError, match="data.image_size or data.resize_range"):
         ImageCache.build(make_table(), 16, (1.0, 1.2), "size")
+
+
+def png_table(tmp_path, shapes, boxes=None):
+    """A training table of PNG files of ``shapes`` ((height, width) each), two classes, with ``boxes`` if given."""
+    from PIL import Image
+
+    from deepmetric.data.table import RetrievalTable
+
+    paths = []
+    for k, (h, w) in enumerate(shapes):
+        path = tmp_path / f"{k}.png"
+        Image.fromarray(noise(h, w, k)).save(path)
+        paths.append(str(path))
+    n = len(paths)
+    return RetrievalTable("pngs", paths, np.arange(n) % 2, ["train"] * n, np.ones(n, bool), np.ones(n, bool),
+                          boxes=None if boxes is None else np.asarray(boxes, dtype=float))
+
+
+@pytest.mark.parametrize("pad", PADS)
+def test_a_cache_of_files_estimates_from_the_headers_what_it_then_holds(tmp_path, pad, capsys):
+    """Shapes read from the files' headers (no decoding), bounding boxes applied as ``table.image`` applies them (one
+    box partly outside its image), are the shapes of the images decoded; the bytes estimated before decoding are the
+    bytes the cache then holds; both passes show a progress line."""
+    shapes = [(30, 50), (64, 20), (12, 12), (80, 80)]
+    boxes = [(5, 2, 45, 28), (0, 10, 20, 60), (-4, -3, 30, 9), (10.5, 20.2, 70, 61)]
+    for table in (png_table(tmp_path, shapes), png_table(tmp_path, shapes, boxes)):
+        size, resize_range = 16, (0.8, 1.5)
+        estimated, needed = ImageCache.estimate(table, size, resize_range, pad, progress=True)
+        assert estimated == [table.image(row).shape[:2] for row in range(len(table))]
+        cache = ImageCache.build(table, size, resize_range, pad, progress=True)
+        assert cache.shapes == estimated and cache.nbytes == needed
+        assert [tuple(i.shape[1:]) for i in cache.images] == [cached_size(*s, size, resize_range, pad)
+                                                              for s in estimated]
+        err = capsys.readouterr().err
+        assert "cache: image sizes" in err and "cache: decoding" in err and "image/s" in err
+    assert estimated[2] == (9, 12) and estimated[3] == (41, 60)  # the boxes clipped and rounded outwards
+    assert len({s for s in estimated}) == 4
+
+
+def test_a_box_outside_its_image_and_an_unreadable_file_are_named(tmp_path):
+    from deepmetric.data.cache import read_shape
+
+    table = png_table(tmp_path, [(20, 30), (20, 30)], boxes=[(40, 0, 50, 10), (0, 0, 10, 10)])
+    assert read_shape(table, 0) == (1, 1)  # table.image then names the problem
+    with pytest.raises(DataError, match=r"image .*0\.png: .*box"):
+        ImageCache.build(table, 16, (1.0, 1.2), "size")
+    (tmp_path / "1.png").write_bytes(b"not a png")
+    with pytest.raises(DataError, match=rf"^image {tmp_path / '1.png'} cannot be read: "):
+        read_shape(table, 1)
+
+
+def test_available_memory_is_the_kernels_estimate_of_what_new_allocations_can_take(monkeypatch):
+    import os
+    from pathlib import Path
+
+    import deepmetric.data.cache as cache_module
+
+    kib = [int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+           if line.startswith("MemAvailable:")][0]
+    assert abs(cache_module.available_memory() - kib * 1024) < 2**28  # the same figure, read a moment later
+
+    def unreadable(*_):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    free_pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert abs(cache_module.available_memory() - free_pages) < 2**28
+
+
+def test_the_cache_is_refused_only_past_its_share_of_the_memory_and_the_message_gives_the_figures(monkeypatch):
+    import deepmetric.data.cache as cache_module
+
+    table = make_table(n_classes=2, per_class=3, size=48)  # 6 images kept at 24 x 24: 10,368 bytes
+    needed = 6 * 3 * 24 * 24
+    monkeypatch.setattr(cache_module, "available_memory", lambda: needed / cache_module.HOST_SHARE)
+    assert ImageCache.build(table, 16, (1.0, 1.5), "size").nbytes == needed  # exactly the share: kept
+    available = 2**30 * 0.5
+    monkeypatch.setattr(cache_module, "available_memory", lambda: available)
+    big = make_table(n_classes=2, per_class=3, size=48)
+    monkeypatch.setattr(cache_module, "HOST_SHARE", needed / available / 2)
+    with pytest.raises(DataError, match=r"^data\.cache: the 6 training images decoded \(longer side up to 24 px, "
+                                        r"ceil\(data\.resize_range\[1\] x data\.image_size\)\) need about 0\.00 GiB, "
+                                        r"more than 0% of the 0\.50 GiB of memory available; set data\.cache=false"):
+        ImageCache.build(big, 16, (1.0, 1.5), "size")
+
+
+def test_a_gpu_keeps_the_cache_when_it_fits_in_its_share_and_says_when_it_does_not(monkeypatch, caplog):
+    import deepmetric.data.cache as cache_module
+    from deepmetric.data.cache import cache_device
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(cache_module, "free_gpu_memory", lambda device: 3 * 2**30 if device == gpu else 0)
+    assert cache_device(int(1.5 * 2**30), gpu) == gpu  # exactly half of the free memory
+    assert cache_device(1, torch.device("cpu")) == torch.device("cpu")
+    with caplog.at_level("INFO", logger="deepmetric"):
+        assert cache_device(int(1.5 * 2**30) + 1, gpu) == torch.device("cpu")
+    assert caplog.messages == ["data.cache: 1.50 GiB of images would take more than 50% of the GPU's free 3.00 GiB; "
+                               "kept in memory and copied a batch at a time"]
+
+
+def test_building_the_cache_logs_what_it_holds_and_where(caplog):
+    with caplog.at_level("INFO", logger="deepmetric"):
+        ImageCache.build(make_table(n_classes=2, per_class=3, size=48), 16, (1.0, 1.5), "size")
+    assert caplog.messages == ["data.cache: 6 training images decoded once, 0.00 GiB on cpu"]
+
+
+def test_a_large_image_is_kept_shrunk_with_the_antialiased_resize_and_each_pad_modes_sides():
+    from torchvision.transforms.v2 import functional as F
+
+    from deepmetric.data.transforms import to_tensor
+
+    image = noise(90, 40, 3)
+    kept = cache_image(image, 20, (0.8, 1.5), "size")
+    assert torch.equal(kept, F.resize(to_tensor(image), [30, 13], antialias=True))
+    assert tuple(cache_image(image, 20, (0.8, 1.5), "stretch").shape) == (3, 30, 30)
+    small = noise(20, 9, 4)
+    assert torch.equal(cache_image(small, 20, (0.8, 1.5), "size"), to_tensor(small))  # kept as read
+
+
+def test_a_batch_whose_images_share_one_side_only_is_each_images_own_crop():
+    size, resize_range = 16, (0.8, 1.5)
+    for images in ([noise(20, 10, 1), noise(20, 24, 2)], [noise(12, 18, 3), noise(20, 18, 4)],
+                   [noise(18, 18, 5), noise(18, 18, 6)]):
+        cached = [cache_image(i, size, resize_range, "size") for i in images]
+        batch = BatchedTrainTransform(size, resize_range)(cached, [i.shape[:2] for i in images], [7, 8])
+        for k, image in enumerate(images):
+            alone = BatchedTrainTransform(size, resize_range)([cached[k]], [image.shape[:2]], [7 + k])
+            assert torch.allclose(batch[k], alone[0], atol=LEVEL)
+
+
+def test_cached_batches_label_with_int64_and_make_the_batches_in_the_thread_when_asked():
+    import threading
+
+    table = make_table(n_classes=6, per_class=5, size=24).split("train")
+    labels = np.searchsorted(np.unique(table.labels), table.labels).astype(np.int32)
+    cache = ImageCache.build(table, 20, (0.8, 1.3), "size")
+    makers = []
+
+    class Recording(BatchedTrainTransform):
+        def __call__(self, *args, **kwargs):
+            makers.append(threading.current_thread())
+            return super().__call__(*args, **kwargs)
+
+    for prefetch in (True, False):
+        batches = list(CachedBatches(cache, PKSampler(labels, 2, 3, seed=5, num_steps=2), labels,
+                                     Recording(20, (0.8, 1.3)), "cpu", prefetch=prefetch))
+        assert all(y.dtype == torch.int64 and rows.dtype == torch.int64 for _, y, rows in batches)
+        thread = makers[-1]
+        assert (thread.name == "deepmetric-prefetch" and thread.daemon) if prefetch else \
+            thread is threading.main_thread()
+
+
+def test_a_transform_with_an_unknown_pad_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"^pad must be one of \('size', 'square', 'stretch'\), got 'mirror'$"):
+        BatchedTrainTransform(16, pad="mirror")

@@ -68,3 +68,48 @@ def test_the_items_are_made_while_the_caller_waits():
     assert item_2_made.wait(5)
     assert next(iterator) == 2
     iterator.close()
+
+
+def test_by_default_one_item_waits_made_and_a_slow_caller_still_gets_every_item():
+    """With the caller holding item 0 the thread makes item 1 (queued) and item 2 (held until there is room), and no
+    more; it keeps trying to hand item 2 over however long the caller takes (several of its waits here)."""
+    import time
+
+    from deepmetric.data import prefetch
+
+    made, third_made = [], threading.Event()
+
+    def items():
+        for i in range(6):
+            made.append(i)
+            if i == 2:
+                third_made.set()
+            yield i
+
+    iterator = prefetched(items())
+    assert next(iterator) == 0
+    assert third_made.wait(5)
+    time.sleep(4 * prefetch._POLL_SECONDS)
+    assert made == [0, 1, 2]
+    assert list(iterator) == [1, 2, 3, 4, 5]
+
+
+def test_closing_while_the_thread_waits_for_room_stops_it():
+    from deepmetric.data import prefetch
+
+    held = threading.Event()
+
+    def endless():
+        i = 0
+        while True:
+            if i == 2:
+                held.set()  # item 1 queued, the thread about to wait for room for item 2
+            yield i
+            i += 1
+
+    before = threading.active_count()
+    iterator = prefetched(endless())
+    assert next(iterator) == 0 and held.wait(5)
+    threading.Event().wait(2 * prefetch._POLL_SECONDS)
+    iterator.close()
+    assert threading.active_count() == before

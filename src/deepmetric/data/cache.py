@@ -78,6 +78,19 @@ def _gib(count: float) -> str:
     return f"{count / 2**30:.2f} GiB"
 
 
+def cache_device(needed: int, device: torch.device) -> torch.device:
+    """Where a cache of ``needed`` bytes for training on ``device`` is kept: on it when it is a GPU where they take at
+    most ``GPU_SHARE`` of its free memory, else (saying so for a GPU) in this process's memory."""
+    if device.type != "cuda":
+        return torch.device("cpu")
+    free = free_gpu_memory(device)
+    if needed <= GPU_SHARE * free:
+        return device
+    log.info("data.cache: %s of images would take more than %.0f%% of the GPU's free %s; kept in memory and copied "
+             "a batch at a time", _gib(needed), 100 * GPU_SHARE, _gib(free))
+    return torch.device("cpu")
+
+
 class ImageCache:
     """The decoded training images: ``images[i]`` (3, h, w) uint8 and ``shapes[i]`` its (height, width) as read,
     for row i of the table it was built from; ``device`` where they are kept."""
@@ -105,16 +118,8 @@ class ImageCache:
         """Decode every row of ``table`` at ``cached_size`` onto ``device`` when it is a GPU where the images take
         at most ``GPU_SHARE`` of its free memory, else into this process's memory, if they take at most
         ``HOST_SHARE`` of what is available there (else DataError, before decoding anything)."""
-        device = torch.device(device)
         shapes, needed = cls.estimate(table, size, resize_range, pad, progress)
-        where = torch.device("cpu")
-        if device.type == "cuda":
-            free = free_gpu_memory(device)
-            if needed <= GPU_SHARE * free:
-                where = device
-            else:
-                log.info("data.cache: %s of images would take more than %.0f%% of the GPU's free %s; kept in "
-                         "memory and copied a batch at a time", _gib(needed), 100 * GPU_SHARE, _gib(free))
+        where = cache_device(needed, torch.device(device))
         if where.type == "cpu":
             available = available_memory()
             if needed > HOST_SHARE * available:
