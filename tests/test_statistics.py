@@ -85,6 +85,43 @@ def test_bootstrap_p_values_at_the_extremes():
         statistics.paired_bootstrap([np.ones(3)], [np.ones(4)])
 
 
+def test_the_statistics_edge_cases_and_their_messages():
+    two = statistics.summarise([0.5, 0.7])  # two repeats: an interval (1 degree of freedom)
+    low, high = stats.t.interval(0.95, 1, loc=0.6, scale=stats.sem([0.5, 0.7]))
+    assert two.n == 2 and (two.low, two.high) == (pytest.approx(low), pytest.approx(high))
+    with pytest.raises(ValueError, match="^no values to summarise$"):
+        statistics.summarise([])
+    steady, spread = [0.5, 0.5, 0.5], [0.1, 0.2, 0.35]  # one side without spread: Welch is still defined
+    with pytest.warns(RuntimeWarning, match="catastrophic cancellation"):  # scipy's, on the side without spread
+        expected = stats.ttest_ind(steady, spread, equal_var=False).pvalue
+    assert statistics.welch_p(steady, spread) == pytest.approx(expected)
+    assert statistics.welch_p(steady, steady) is None and statistics.welch_p([0.5], spread) is None
+    with pytest.raises(ValueError, match=r"^the bootstrap needs one reference run per variant run \(paired by "):
+        statistics.paired_bootstrap([np.ones(3), np.ones(3)], [np.ones(3)])
+    with pytest.raises(ValueError, match="same queries"):
+        statistics.paired_bootstrap([np.ones(0)], [np.ones(0)])
+    one_query = statistics.paired_bootstrap([np.ones(1)], [np.zeros(1)], resamples=9)
+    assert (one_query.difference, one_query.low, one_query.high) == (1, 1, 1)
+
+
+def test_the_bootstraps_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
+    """A chunk holds at most ``CHUNK_VALUES`` indices: 2 resamples of 4 queries, 1 of 9, here; the same draws."""
+    rng = np.random.default_rng(3)
+    variant, reference = [rng.random(4), rng.random(4)], [rng.random(4), rng.random(4)]
+    whole = statistics.paired_bootstrap(variant, reference, resamples=50, seed=[0, 9])
+    monkeypatch.setattr(statistics, "CHUNK_VALUES", 10)
+    assert statistics.paired_bootstrap(variant, reference, resamples=50, seed=[0, 9]) == whole
+    monkeypatch.setattr(statistics, "CHUNK_VALUES", 3)  # fewer than one resample's queries: one a chunk
+    assert statistics.paired_bootstrap(variant, reference, resamples=50, seed=[0, 9]) == whole
+
+
+def test_a_comparisons_bootstrap_stream_is_fixed_for_good():
+    """The published study pages' bootstrap figures rest on these seeds: a CRC-32 of the names joined by NUL."""
+    assert statistics.stream_seed("gap", "abe") == [0, 3389107392]
+    assert statistics.stream_seed("diablo", "gap", seed=3) == [3, 3456229288]
+    assert statistics.stream_seed("ab", "c") != statistics.stream_seed("a", "bc")
+
+
 def slow_ranking(query, labels):
     """First hit, AP@R and R-precision of each row against all the others, written out (ties by index)."""
     first, ap, rp = [], [], []
