@@ -5,9 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import tqdm
 
 from deepmetric.data.table import RetrievalTable
 from helpers import make_table
+
+# No tqdm monitor thread (every bar, even a disabled one, starts it): it takes tqdm's lock every few seconds, and a
+# process forked at that moment (the mutation runs' children, DataLoader workers) deadlocks on its next bar.
+tqdm.tqdm.monitor_interval = 0
 
 
 @pytest.fixture(autouse=True)

@@ -218,15 +218,10 @@ def png_table(tmp_path, shapes, boxes=None):
 
 
 @pytest.mark.parametrize("pad", PADS)
-def test_a_cache_of_files_estimates_from_the_headers_what_it_then_holds(tmp_path, pad, capsys, monkeypatch):
+def test_a_cache_of_files_estimates_from_the_headers_what_it_then_holds(tmp_path, pad, capsys):
     """Shapes read from the files' headers (no decoding), bounding boxes applied as ``table.image`` applies them (one
     box partly outside its image), are the shapes of the images decoded; the bytes estimated before decoding are the
     bytes the cache then holds; both passes show a progress line."""
-    import tqdm
-
-    # no tqdm monitor thread: one left holding tqdm's lock in a process that forks (the mutation runs' children)
-    # would deadlock the next bar there
-    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
     shapes = [(30, 50), (64, 20), (12, 12), (80, 80)]
     boxes = [(5, 2, 45, 28), (0, 10, 20, 60), (-4, -3, 30, 9), (10.5, 20.2, 70, 61)]
     for table in (png_table(tmp_path, shapes), png_table(tmp_path, shapes, boxes)):
