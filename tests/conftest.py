@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,10 @@ import tqdm
 from deepmetric.data.table import RetrievalTable
 from helpers import make_table
 
-# No tqdm monitor thread (every bar, even a disabled one, starts it): it takes tqdm's lock every few seconds, and a
-# process forked at that moment (the mutation runs' children, DataLoader workers) deadlocks on its next bar.
+# tqdm's bars (every bar, even a disabled one) take its write lock, by default a multiprocessing lock that forked
+# processes share: a child killed while holding it (a mutation run's mutant past its time limit) leaves it taken for
+# every later child of the run. A lock of this process alone, and no monitor thread (which takes it every 10 s).
+tqdm.tqdm.set_lock(threading.RLock())
 tqdm.tqdm.monitor_interval = 0
 
 

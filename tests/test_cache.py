@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,17 @@ def test_same_seed_gives_the_same_crop_to_one_level_for_images_within_the_cached
     assert batched.shape == reference.shape == (60, 3, size, size) and batched.dtype == torch.float32
     assert (batched - reference).abs().max() <= LEVEL
     assert (batched - reference).abs().mean() < 0.2 / 255
+
+
+@pytest.mark.parametrize("shape", [(1, 60), (60, 1), (2, 90)])
+def test_a_thin_image_keeps_one_pixel_across_in_the_cache_and_the_crop(shape):
+    """A side that rounds to 0 pixels when shrunk is kept at 1, in the cache as in ``TrainTransform``'s resize."""
+    size, resize_range = 16, (0.6, 1.5)
+    image = smooth(*shape)
+    kept = cached_size(*shape, size, resize_range, "size")
+    assert min(kept) == 1 and max(kept) == largest_side(size, resize_range)
+    batched, reference = both(image, list(range(30)), size, resize_range, "size")
+    assert (batched - reference).abs().max() <= 2 * LEVEL  # shrunk twice (a smooth image): within a level or two
 
 
 def test_an_image_at_the_cached_size_drawn_at_scale_one_without_flip_is_cropped_identically():
@@ -226,14 +239,17 @@ def test_a_cache_of_files_estimates_from_the_headers_what_it_then_holds(tmp_path
     boxes = [(5, 2, 45, 28), (0, 10, 20, 60), (-4, -3, 30, 9), (10.5, 20.2, 70, 61)]
     for table in (png_table(tmp_path, shapes), png_table(tmp_path, shapes, boxes)):
         size, resize_range = 16, (0.8, 1.5)
-        estimated, needed = ImageCache.estimate(table, size, resize_range, pad, progress=True)
+        estimated, needed = ImageCache.estimate(table, size, resize_range, pad)
         assert estimated == [table.image(row).shape[:2] for row in range(len(table))]
-        cache = ImageCache.build(table, size, resize_range, pad, progress=True)
+        cache = ImageCache.build(table, size, resize_range, pad)
+        assert capsys.readouterr().err == ""  # no progress unless asked
         assert cache.shapes == estimated and cache.nbytes == needed
         assert [tuple(i.shape[1:]) for i in cache.images] == [cached_size(*s, size, resize_range, pad)
                                                               for s in estimated]
-        err = capsys.readouterr().err
-        assert "cache: image sizes" in err and "cache: decoding" in err and "image/s" in err
+        ImageCache.build(table, size, resize_range, pad, progress=True)
+        lines = capsys.readouterr().err.splitlines()
+        for bar in ("cache: image sizes", "cache: decoding"):
+            assert any(re.match(rf"^{bar}: 4/4 .*image/s\]$", line) for line in lines), (bar, lines)
     assert estimated[2] == (9, 12) and estimated[3] == (41, 60)  # the boxes clipped and rounded outwards
     assert len({s for s in estimated}) == 4
 
@@ -256,9 +272,9 @@ def test_available_memory_is_the_kernels_estimate_of_what_new_allocations_can_ta
 
     import deepmetric.data.cache as cache_module
 
-    kib = [int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-           if line.startswith("MemAvailable:")][0]
-    assert abs(cache_module.available_memory() - kib * 1024) < 2**28  # the same figure, read a moment later
+    meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   12345678 kB\n"
+    monkeypatch.setattr(Path, "read_text", lambda self: meminfo if str(self) == "/proc/meminfo" else "")
+    assert cache_module.available_memory() == 12345678 * 1024
 
     def unreadable(*_):
         raise OSError("no /proc here")
@@ -283,6 +299,18 @@ def test_the_cache_is_refused_only_past_its_share_of_the_memory_and_the_message_
                                         r"ceil\(data\.resize_range\[1\] x data\.image_size\)\) need about 0\.00 GiB, "
                                         r"more than 0% of the 0\.50 GiB of memory available; set data\.cache=false"):
         ImageCache.build(big, 16, (1.0, 1.5), "size")
+
+
+def test_the_refusal_counts_each_pad_modes_bytes(tmp_path, monkeypatch):
+    """``pad="stretch"`` keeps a 90 x 40 image at 24 x 24 where the other modes keep 24 x 11: a memory that holds the
+    latter and not the former refuses the stretched cache only."""
+    import deepmetric.data.cache as cache_module
+
+    table = png_table(tmp_path, [(90, 40)] * 2)
+    monkeypatch.setattr(cache_module, "available_memory", lambda: (2 * 3 * 24 * 24 - 1) / cache_module.HOST_SHARE)
+    assert ImageCache.build(table, 16, (1.0, 1.5), "size").nbytes == 2 * 3 * 24 * 11
+    with pytest.raises(DataError, match="need about"):
+        ImageCache.build(table, 16, (1.0, 1.5), "stretch")
 
 
 def test_a_gpu_keeps_the_cache_when_it_fits_in_its_share_and_says_when_it_does_not(monkeypatch, caplog):
