@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from deepmetric.data import cache as cache_module
 from deepmetric.data.batched_transforms import BatchedTrainTransform, cache_image, cached_size, draw_crop, largest_side
-from deepmetric.data.cache import CachedBatches, ImageCache
+from deepmetric.data.cache import CachedBatches, ImageCache, cache_device, read_shape
 from deepmetric.data.sampler import PKSampler
 from deepmetric.data.torch_dataset import ImageDataset, training_loader
 from deepmetric.data.transforms import TrainTransform
@@ -30,6 +31,22 @@ def smooth(height: int, width: int) -> np.ndarray:
     y, x = np.mgrid[0:height, 0:width] / max(height, width)
     disc = np.exp(-((y - 0.4) ** 2 + (x - 0.6) ** 2) * 12)
     return (np.stack([x, y, disc], axis=-1) * 255).round().astype(np.uint8)
+
+
+def training_blobs():
+    """The training split of a 6-class blob table and its labels numbered 0..5."""
+    table = make_table(n_classes=6, per_class=5, size=24).split("train")
+    return table, np.searchsorted(np.unique(table.labels), table.labels)
+
+
+def assert_each_images_own_crop(images: list[np.ndarray], seeds: list[int], size: int = 16,
+                                resize_range=(0.8, 1.5)) -> None:
+    """The batch of ``images`` gives each the crop it gets alone (to one level)."""
+    cached = [cache_image(i, size, resize_range, "size") for i in images]
+    batch = BatchedTrainTransform(size, resize_range)(cached, [i.shape[:2] for i in images], seeds)
+    for k, image in enumerate(images):
+        alone = BatchedTrainTransform(size, resize_range)([cached[k]], [image.shape[:2]], [seeds[k]])
+        assert torch.allclose(batch[k], alone[0], atol=LEVEL)
 
 
 def both(image: np.ndarray, seeds, size: int, resize_range, pad: str, flip: bool = True):
@@ -113,14 +130,7 @@ def test_images_larger_than_the_cache_keeps_match_in_distribution(pad):
 
 
 def test_a_batch_of_images_of_different_sizes_is_each_images_own_crop():
-    size, resize_range = 16, (0.8, 1.5)
-    images = [noise(10, 14, 1), noise(24, 8, 2), noise(16, 16, 3), smooth(40, 30)]
-    cached = [cache_image(i, size, resize_range, "size") for i in images]
-    seeds = [11, 12, 13, 14]
-    batch = BatchedTrainTransform(size, resize_range)(cached, [i.shape[:2] for i in images], seeds)
-    for k, image in enumerate(images):
-        alone = BatchedTrainTransform(size, resize_range)([cached[k]], [image.shape[:2]], [seeds[k]])
-        assert torch.allclose(batch[k], alone[0], atol=LEVEL)
+    assert_each_images_own_crop([noise(10, 14, 1), noise(24, 8, 2), noise(16, 16, 3), smooth(40, 30)], [11, 12, 13, 14])
 
 
 @pytest.mark.parametrize("jitter", [NO_JITTER, JITTER], ids=["no-jitter", "jitter"])
@@ -149,8 +159,7 @@ def test_a_batch_is_made_without_reading_a_value_back_from_its_device(monkeypatc
 def test_cached_batches_are_the_loaders_batches_to_one_level(jitter, levels):
     """The same rows and labels, and images to the crops' one level (with colour jitter: as the jitter amplifies it,
     ``test_color_jitter.py``)."""
-    table = make_table(n_classes=6, per_class=5, size=24).split("train")
-    labels = np.searchsorted(np.unique(table.labels), table.labels)
+    table, labels = training_blobs()
     size, resize_range = 20, (0.8, 1.3)
 
     def sampler():
@@ -170,8 +179,7 @@ def test_cached_batches_are_the_loaders_batches_to_one_level(jitter, levels):
 def test_cached_batches_made_ahead_by_a_thread_are_the_same_batches():
     """``prefetch`` (the default on a GPU) forced on the CPU: the same tensors in the same order; the default follows
     the device."""
-    table = make_table(n_classes=6, per_class=5, size=24).split("train")
-    labels = np.searchsorted(np.unique(table.labels), table.labels)
+    table, labels = training_blobs()
     cache = ImageCache.build(table, 20, (0.8, 1.3), "size")
 
     def batches(prefetch):
@@ -203,7 +211,6 @@ def test_training_with_the_cache_trains_and_resumes_exactly(tmp_path):
 
 
 def test_a_cache_that_would_not_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-    import deepmetric.data.cache as cache_module
     from deepmetric.training import train
 
     monkeypatch.setattr(cache_module, "available_memory", lambda: 1000)
@@ -255,8 +262,6 @@ def test_a_cache_of_files_estimates_from_the_headers_what_it_then_holds(tmp_path
 
 
 def test_a_box_outside_its_image_and_an_unreadable_file_are_named(tmp_path):
-    from deepmetric.data.cache import read_shape
-
     table = png_table(tmp_path, [(20, 30), (20, 30)], boxes=[(40, 0, 50, 10), (0, 0, 10, 10)])
     assert read_shape(table, 0) == (1, 1)  # table.image then names the problem
     with pytest.raises(DataError, match=r"image .*0\.png: .*box"):
@@ -269,8 +274,6 @@ def test_a_box_outside_its_image_and_an_unreadable_file_are_named(tmp_path):
 def test_available_memory_is_the_kernels_estimate_of_what_new_allocations_can_take(monkeypatch):
     import os
     from pathlib import Path
-
-    import deepmetric.data.cache as cache_module
 
     meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   12345678 kB\n"
     monkeypatch.setattr(Path, "read_text", lambda self: meminfo if str(self) == "/proc/meminfo" else "")
@@ -285,27 +288,22 @@ def test_available_memory_is_the_kernels_estimate_of_what_new_allocations_can_ta
 
 
 def test_the_cache_is_refused_only_past_its_share_of_the_memory_and_the_message_gives_the_figures(monkeypatch):
-    import deepmetric.data.cache as cache_module
-
     table = make_table(n_classes=2, per_class=3, size=48)  # 6 images kept at 24 x 24: 10,368 bytes
     needed = 6 * 3 * 24 * 24
     monkeypatch.setattr(cache_module, "available_memory", lambda: needed / cache_module.HOST_SHARE)
     assert ImageCache.build(table, 16, (1.0, 1.5), "size").nbytes == needed  # exactly the share: kept
     available = 2**30 * 0.5
     monkeypatch.setattr(cache_module, "available_memory", lambda: available)
-    big = make_table(n_classes=2, per_class=3, size=48)
     monkeypatch.setattr(cache_module, "HOST_SHARE", needed / available / 2)
     with pytest.raises(DataError, match=r"^data\.cache: the 6 training images decoded \(longer side up to 24 px, "
                                         r"ceil\(data\.resize_range\[1\] x data\.image_size\)\) need about 0\.00 GiB, "
                                         r"more than 0% of the 0\.50 GiB of memory available; set data\.cache=false"):
-        ImageCache.build(big, 16, (1.0, 1.5), "size")
+        ImageCache.build(table, 16, (1.0, 1.5), "size")
 
 
 def test_the_refusal_counts_each_pad_modes_bytes(tmp_path, monkeypatch):
     """``pad="stretch"`` keeps a 90 x 40 image at 24 x 24 where the other modes keep 24 x 11: a memory that holds the
     latter and not the former refuses the stretched cache only."""
-    import deepmetric.data.cache as cache_module
-
     table = png_table(tmp_path, [(90, 40)] * 2)
     monkeypatch.setattr(cache_module, "available_memory", lambda: (2 * 3 * 24 * 24 - 1) / cache_module.HOST_SHARE)
     assert ImageCache.build(table, 16, (1.0, 1.5), "size").nbytes == 2 * 3 * 24 * 11
@@ -314,8 +312,6 @@ def test_the_refusal_counts_each_pad_modes_bytes(tmp_path, monkeypatch):
 
 
 def test_a_gpu_keeps_the_cache_when_it_fits_in_its_share_and_says_when_it_does_not(monkeypatch, caplog):
-    import deepmetric.data.cache as cache_module
-    from deepmetric.data.cache import cache_device
 
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(cache_module, "free_gpu_memory", lambda device: 3 * 2**30 if device == gpu else 0)
@@ -347,21 +343,16 @@ def test_a_large_image_is_kept_shrunk_with_the_antialiased_resize_and_each_pad_m
 
 
 def test_a_batch_whose_images_share_one_side_only_is_each_images_own_crop():
-    size, resize_range = 16, (0.8, 1.5)
     for images in ([noise(20, 10, 1), noise(20, 24, 2)], [noise(12, 18, 3), noise(20, 18, 4)],
                    [noise(18, 18, 5), noise(18, 18, 6)]):
-        cached = [cache_image(i, size, resize_range, "size") for i in images]
-        batch = BatchedTrainTransform(size, resize_range)(cached, [i.shape[:2] for i in images], [7, 8])
-        for k, image in enumerate(images):
-            alone = BatchedTrainTransform(size, resize_range)([cached[k]], [image.shape[:2]], [7 + k])
-            assert torch.allclose(batch[k], alone[0], atol=LEVEL)
+        assert_each_images_own_crop(images, [7, 8])
 
 
 def test_cached_batches_label_with_int64_and_make_the_batches_in_the_thread_when_asked():
     import threading
 
-    table = make_table(n_classes=6, per_class=5, size=24).split("train")
-    labels = np.searchsorted(np.unique(table.labels), table.labels).astype(np.int32)
+    table, labels = training_blobs()
+    labels = labels.astype(np.int32)
     cache = ImageCache.build(table, 20, (0.8, 1.3), "size")
     makers = []
 

@@ -2,7 +2,7 @@
 # Mutation testing of the mathematical core with mutmut (a dev-only tool: pip install -e '.[dev]').
 #
 #   tools/mutation.sh [module ...]      # modules: high_order losses metrics knn kmeans mirage deml_oam jitter cache statistics heads
-#                                       # (default: all)
+#                                       # (default: high_order losses metrics knn kmeans mirage heads)
 #   nohup tools/mutation.sh losses > mutation-losses.log 2>&1 &     # the way to run it: it takes a while
 #
 # Each module is mutated in its own scratch copy of this working tree ($MUTATION_DIR/<module>, default
