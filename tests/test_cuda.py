@@ -306,6 +306,40 @@ def test_the_embedding_pass_runs_under_autocast_on_cuda(amp):
     np.testing.assert_allclose(np.linalg.norm(low, axis=1), 1.0, atol=1e-5)
 
 
+def test_the_embedding_pass_waits_for_the_gpu_once_not_every_batch():
+    """``embed_outputs`` queues each batch's copy to the host (``to_host_queued``) instead of waiting for its forward
+    pass: the waits torch's sync check reports do not grow with the number of batches (2 against 12), and the rows
+    are the CPU's."""
+    import warnings
+
+    import numpy as np
+
+    from deepmetric import create_model
+    from deepmetric.evaluation.evaluator import EmbedSettings, embed_table
+
+    model = create_model("tiny", pretrained=False, embedding_dim=16)
+    on_gpu = EmbedSettings(24, batch_size=2, progress=False, device="cuda:0")
+
+    def syncs(rows: int) -> tuple[int, np.ndarray]:
+        table = make_table(n_classes=rows // 2, per_class=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                embeddings = embed_table(model.to("cuda:0"), table, on_gpu)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught), embeddings
+
+    embed_table(model.to("cuda:0"), make_table(n_classes=2, per_class=2), on_gpu)  # cuDNN's first choices
+    few, _ = syncs(4)
+    many, embeddings = syncs(24)
+    assert many <= few, (few, many)
+    on_cpu = embed_table(model.to("cpu"), make_table(n_classes=12, per_class=2),
+                         EmbedSettings(24, batch_size=2, progress=False))
+    np.testing.assert_allclose(embeddings, on_cpu, atol=1e-4)
+
+
 def test_demls_boxes_found_on_the_gpu_are_scipys():
     """``attention_boxes`` on CUDA maps runs the device path (no copy of the maps to the host): the boxes SciPy finds
     for the same maps on the host, DeML's kind (smooth bumps resized to 224 x 224) and noisy ones."""

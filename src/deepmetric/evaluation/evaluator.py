@@ -82,9 +82,30 @@ def embed_outputs(model: torch.nn.Module, table: RetrievalTable, settings: Embed
                                          leave=False):
             images = as_unit_float(images.to(settings.device, non_blocking=True))
             for name, value in select(forward(images)).items():
-                chunks.setdefault(name, []).append(value.float().cpu())
-    return {name: gather_rows(torch.cat(values).to(settings.device), len(table), context).cpu().numpy()
-            for name, values in chunks.items()}
+                chunks.setdefault(name, []).append(to_host_queued(value))
+    host_copies_done(torch.device(settings.device))
+    gathered = {name: torch.cat(values) for name, values in chunks.items()}
+    if context.enabled:
+        gathered = {name: gather_rows(rows.to(settings.device), len(table), context).cpu()
+                    for name, rows in gathered.items()}
+    return {name: rows.numpy() for name, rows in gathered.items()}
+
+
+def to_host_queued(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as float32 on the host. From a CUDA tensor the copy is queued into page-locked memory behind the
+    batch's kernels instead of waiting for them (a per-batch ``.cpu()`` held the loop until each batch's forward pass
+    had run, so the GPU idled while the host fetched and queued the next batch): read it only after
+    ``host_copies_done``."""
+    value = value.detach().float()
+    if value.device.type != "cuda":
+        return value.cpu()
+    return torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(value, non_blocking=True)
+
+
+def host_copies_done(device: torch.device) -> None:
+    """Wait for the copies ``to_host_queued`` queued on ``device`` (one wait for the whole pass)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def embed_table(model: torch.nn.Module, table: RetrievalTable, settings: EmbedSettings, desc: str = "embedding",
