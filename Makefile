@@ -81,7 +81,7 @@ test: install-dev system-packages
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 # what a change is checked with before make test: failures first (--ff), the first one stops it
 FAST_SKIP := tests/test_docs_site.py tests/test_serve_browser.py tests/test_packaged_presets.py tests/test_cuda.py

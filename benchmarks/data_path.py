@@ -18,8 +18,10 @@ config; only the loader that the trainer asks for (``training_loader``) is swapp
 Images per second are read from the run's own log (``images_per_s``, one figure per ``log_every`` steps),
 leaving out the first ``--warmup`` steps (workers starting, cuDNN choosing its kernels); the ratio of each
 set-up to ``on-device`` is reported. The goal on a GPU is a ratio of at least 0.9 (0.95 with the cache, and on
-the CPU with the cache). With ``--rounds R`` the set-ups run R times in turn and each one's figure is the median
-over all its windows (other processes on the machine then weigh on every set-up alike).
+the CPU with the cache). With ``--rounds R`` the set-ups run R times in turn, round r starting r places further
+along their list (so that no set-up always runs first or last in a round), and each one's figure is the median over
+all its windows (other processes on the machine then weigh on every set-up alike); beside it, the median over the
+rounds of its ratio to ``on-device`` in the same round (a pairing that drift over the run does not move).
 
     .venv/bin/python benchmarks/data_path.py --data folder:PATH [--size 224] [--device cuda] [--amp] \\
         [--workers 0,4,8] [--no-cache] [--steps 60] [--warmup 20] [--rounds 1] [--color-jitter 0.4,0.4,0.4,0.1]
@@ -185,21 +187,28 @@ def main() -> None:
         if device.type == "cuda":  # where the thread is on
             setups.append(("cache,when-asked", None, 0))
     windows: dict[str, list[float]] = {name: [] for name, _, _ in setups}
+    round_medians: dict[str, list[float]] = {name: [] for name, _, _ in setups}
     with tempfile.TemporaryDirectory() as root:
-        for _ in range(args.rounds):
-            for name, loader, workers in setups:
-                windows[name] += measure(args, name, loader, workers, Path(root))
+        for turn in range(args.rounds):
+            shift = turn % len(setups)
+            for name, loader, workers in setups[shift:] + setups[:shift]:
+                measured = measure(args, name, loader, workers, Path(root))
+                windows[name] += measured
+                round_medians[name].append(statistics.median(measured))
     rows = [{"setup": name, "workers": workers, "images_per_second": statistics.median(windows[name]),
-             "windows": windows[name]} for name, _, workers in setups]
+             "windows": windows[name], "round_medians": round_medians[name]} for name, _, workers in setups]
     alone = batch_seconds(args, device, args.batch_timing) if args.batch_timing else None
     bound = rows[0]["images_per_second"]
     for row in rows:
         row["ratio_to_on_device"] = row["images_per_second"] / bound
+        row["round_ratios"] = [a / b for a, b in zip(row["round_medians"], round_medians["on-device"], strict=True)]
+        row["median_round_ratio"] = statistics.median(row["round_ratios"])
     print(f"{args.backbone} + GAP, {args.size} px, batch {args.classes_per_batch * args.samples_per_class}, "
           f"{'bf16 autocast' if args.amp else 'float32'}, {device}, {os.cpu_count()} CPUs")
-    print(f"{'set-up':<22}{'images/s':>10}{'ratio':>8}")
+    print(f"{'set-up':<22}{'images/s':>10}{'ratio':>8}{'by round':>10}")
     for row in rows:
-        print(f"{row['setup']:<22}{row['images_per_second']:>10.1f}{row['ratio_to_on_device']:>8.2f}")
+        print(f"{row['setup']:<22}{row['images_per_second']:>10.1f}{row['ratio_to_on_device']:>8.2f}"
+              f"{row['median_round_ratio']:>10.2f}")
     if alone:
         step = args.classes_per_batch * args.samples_per_class / bound  # seconds of a bare step, on-device
         for name in ("uncached", "cached"):
