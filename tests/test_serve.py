@@ -296,32 +296,37 @@ def test_serve_binds_this_machine_only_by_default():
     assert args.host == "127.0.0.1"
 
 
-def test_slow_clients_are_cut_off_and_connections_are_bounded(searcher):
-    """Partial headers, a body dripped one byte at a time and too many connections: each gets a bounded answer
-    (a slowloris held 40 connections open for 75 s and more before)."""
+def _wait_closed(sock, within: float) -> bytes:
+    """All a socket receives until the server closes it; fails if the server keeps it open ``within`` seconds."""
+    sock.settimeout(within)
+    answer = b""
+    try:
+        while chunk := sock.recv(4096):
+            answer += chunk
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open for {within} s") from None
+    return answer
+
+
+def _address(server: BackgroundServer) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def test_slow_clients_are_cut_off(searcher):
+    """Partial headers and a body dripped one byte at a time: each gets a bounded answer (a slowloris held 40
+    connections open for 75 s and more before)."""
     import socket
     import time
 
     limits = ServiceLimits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=4)
-
-    def wait_closed(sock: socket.socket, within: float) -> bytes:
-        sock.settimeout(within)
-        answer = b""
-        try:
-            while chunk := sock.recv(4096):
-                answer += chunk
-        except TimeoutError:
-            raise AssertionError(f"the server kept the connection open for {within} s") from None
-        return answer
-
     with BackgroundServer(create_app(searcher, limits), limits=limits) as server:
-        host, port = server.url.removeprefix("http://").split(":")
-        address = (host, int(port))
+        address = _address(server)
         slow_head = [socket.create_connection(address) for _ in range(3)]
         for sock in slow_head:
             sock.sendall(b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finishes its headers
         started = time.monotonic()
-        assert all(wait_closed(sock, 5.0) == b"" for sock in slow_head)
+        assert all(_wait_closed(sock, 5.0) == b"" for sock in slow_head)
         assert time.monotonic() - started < 4.0
         drip = socket.create_connection(address)
         drip.sendall(b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=b\r\n"
@@ -332,15 +337,33 @@ def test_slow_clients_are_cut_off_and_connections_are_bounded(searcher):
                 time.sleep(0.2)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered and closed while we dripped
-        answer = wait_closed(drip, 5.0)
+        answer = _wait_closed(drip, 5.0)
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in answer
-        crowd = [socket.create_connection(address) for _ in range(6)]
-        for sock in crowd:
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        statuses = sorted(wait_closed(sock, 5.0).split(b" ", 2)[1] for sock in crowd)
-        assert b"503" in statuses and set(statuses) <= {b"200", b"503"}  # 6 open connections > 4: answered 503
         with httpx.Client(base_url=server.url) as http:
             assert http.get("/health").status_code == 200  # and the server still serves
+
+
+def test_connections_beyond_the_bound_are_answered_503(searcher):
+    """Six connections open at once against a bound of four: the first request the server reads finds six and is
+    answered 503, the others 200 or 503, and the server still serves afterwards. The requests are sent only once
+    the server has accepted all six, so the outcome does not depend on how fast this process runs (it did when
+    each connection sent its request as it opened: under load the server answered each before the next came)."""
+    import socket
+    import time
+
+    limits = ServiceLimits(header_timeout_s=30.0, max_connections=4)
+    with BackgroundServer(create_app(searcher, limits), limits=limits) as server:
+        crowd = [socket.create_connection(_address(server)) for _ in range(6)]
+        deadline = time.monotonic() + 30.0
+        while server.open_connections < len(crowd):
+            assert time.monotonic() < deadline, f"the server accepted {server.open_connections} of 6 connections"
+            time.sleep(0.01)
+        for sock in crowd:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        statuses = sorted(_wait_closed(sock, 30.0).split(b" ", 2)[1] for sock in crowd)
+        assert b"503" in statuses and set(statuses) <= {b"200", b"503"}, statuses
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/health").status_code == 200
 
 
 def test_requests_for_another_host_name_are_refused(searcher):

@@ -36,6 +36,11 @@ class BackgroundServer:
         port = self.server.servers[0].sockets[0].getsockname()[1]
         return f"http://{self.host}:{port}"
 
+    @property
+    def open_connections(self) -> int:
+        """How many client connections the server holds open now (accepted, not yet closed)."""
+        return len(self.server.server_state.connections)
+
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
         self.thread.join()
