@@ -186,17 +186,18 @@ def main() -> None:
         setups.append(("cache", None, 0))
         if device.type == "cuda":  # where the thread is on
             setups.append(("cache,when-asked", None, 0))
-    windows: dict[str, list[float]] = {name: [] for name, _, _ in setups}
-    round_medians: dict[str, list[float]] = {name: [] for name, _, _ in setups}
+    by_round: dict[str, list[list[float]]] = {name: [] for name, _, _ in setups}  # each round's windows
     with tempfile.TemporaryDirectory() as root:
         for turn in range(args.rounds):
             shift = turn % len(setups)
             for name, loader, workers in setups[shift:] + setups[:shift]:
-                measured = measure(args, name, loader, workers, Path(root))
-                windows[name] += measured
-                round_medians[name].append(statistics.median(measured))
-    rows = [{"setup": name, "workers": workers, "images_per_second": statistics.median(windows[name]),
-             "windows": windows[name], "round_medians": round_medians[name]} for name, _, workers in setups]
+                by_round[name].append(measure(args, name, loader, workers, Path(root)))
+    round_medians = {name: [statistics.median(windows) for windows in rounds] for name, rounds in by_round.items()}
+    rows = []
+    for name, _, workers in setups:
+        windows = [rate for measured in by_round[name] for rate in measured]
+        rows.append({"setup": name, "workers": workers, "images_per_second": statistics.median(windows),
+                     "windows": windows, "round_medians": round_medians[name]})
     alone = batch_seconds(args, device, args.batch_timing) if args.batch_timing else None
     bound = rows[0]["images_per_second"]
     for row in rows:
