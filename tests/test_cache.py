@@ -214,7 +214,7 @@ def test_a_cache_that_would_not_fit_is_refused_before_anything_is_written(tmp_pa
     from deepmetric.training import train
 
     monkeypatch.setattr(cache_module, "available_memory", lambda: 1000)
-    with pytest.raises(DataError, match=r"data\.cache.*need about .* GiB.*set data\.cache=false"):
+    with pytest.raises(DataError, match=r"data\.cache.*need about .* [KMG]iB.*set data\.cache=false"):
         train(tiny_config(data={"cache": True}), tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "config.yaml").exists()
     with pytest.raises(DataError, match="data.image_size or data.resize_range"):
@@ -296,8 +296,8 @@ def test_the_cache_is_refused_only_past_its_share_of_the_memory_and_the_message_
     monkeypatch.setattr(cache_module, "available_memory", lambda: available)
     monkeypatch.setattr(cache_module, "HOST_SHARE", needed / available / 2)
     with pytest.raises(DataError, match=r"^data\.cache: the 6 training images decoded \(longer side up to 24 px, "
-                                        r"ceil\(data\.resize_range\[1\] x data\.image_size\)\) need about 0\.00 GiB, "
-                                        r"more than 0% of the 0\.50 GiB of memory available; set data\.cache=false"):
+                                        r"ceil\(data\.resize_range\[1\] x data\.image_size\)\) need about 10\.1 KiB, "
+                                        r"more than 0% of the 512\.0 MiB of memory available; set data\.cache=false"):
         ImageCache.build(table, 16, (1.0, 1.5), "size")
 
 
@@ -326,7 +326,7 @@ def test_a_gpu_keeps_the_cache_when_it_fits_in_its_share_and_says_when_it_does_n
 def test_building_the_cache_logs_what_it_holds_and_where(caplog):
     with caplog.at_level("INFO", logger="deepmetric"):
         ImageCache.build(make_table(n_classes=2, per_class=3, size=48), 16, (1.0, 1.5), "size")
-    assert caplog.messages == ["data.cache: 6 training images decoded once, 0.00 GiB on cpu"]
+    assert caplog.messages == ["data.cache: 6 training images decoded once, 10.1 KiB on cpu"]
 
 
 def test_a_large_image_is_kept_shrunk_with_the_antialiased_resize_and_each_pad_modes_sides():

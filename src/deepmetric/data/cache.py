@@ -74,8 +74,12 @@ def read_shape(table: RetrievalTable, row: int) -> tuple[int, int]:
     return int(height), int(width)
 
 
-def _gib(count: float) -> str:
-    return f"{count / 2**30:.2f} GiB"
+def _bytes_text(count: float) -> str:
+    """``count`` bytes in GiB, or below one GiB in MiB, below one MiB in KiB (a glyphs cache of 66 MiB read
+    "0.06 GiB", a test's of 10 KiB "0.00 GiB")."""
+    if count >= 2**30:
+        return f"{count / 2**30:.2f} GiB"
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
 
 
 def cache_device(needed: int, device: torch.device) -> torch.device:
@@ -87,7 +91,7 @@ def cache_device(needed: int, device: torch.device) -> torch.device:
     if needed <= GPU_SHARE * free:
         return device
     log.info("data.cache: %s of images would take more than %.0f%% of the GPU's free %s; kept in memory and copied "
-             "a batch at a time", _gib(needed), 100 * GPU_SHARE, _gib(free))
+             "a batch at a time", _bytes_text(needed), 100 * GPU_SHARE, _bytes_text(free))
     return torch.device("cpu")
 
 
@@ -126,15 +130,15 @@ class ImageCache:
                 limit = largest_side(size, resize_range)
                 raise DataError(
                     f"data.cache: the {len(table):,} training images decoded (longer side up to {limit} px, "
-                    f"ceil(data.resize_range[1] x data.image_size)) need about {_gib(needed)}, more than "
-                    f"{100 * HOST_SHARE:.0f}% of the {_gib(available)} of memory available; set data.cache=false "
+                    f"ceil(data.resize_range[1] x data.image_size)) need about {_bytes_text(needed)}, more than "
+                    f"{100 * HOST_SHARE:.0f}% of the {_bytes_text(available)} of memory available; set data.cache=false "
                     f"(images are then decoded for each batch), or lower data.image_size or data.resize_range[1]")
         images = []
         for row in progress_bar(range(len(table)), desc="cache: decoding", unit="image", disable=not progress):
             image = cache_image(table.image(row), size, resize_range, pad)
             images.append(image.to(where))
         cache = cls(images, shapes, where)
-        log.info("data.cache: %d training images decoded once, %s on %s", len(images), _gib(cache.nbytes), where)
+        log.info("data.cache: %d training images decoded once, %s on %s", len(images), _bytes_text(cache.nbytes), where)
         return cache
 
 
