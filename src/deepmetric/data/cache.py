@@ -131,8 +131,9 @@ class ImageCache:
                 raise DataError(
                     f"data.cache: the {len(table):,} training images decoded (longer side up to {limit} px, "
                     f"ceil(data.resize_range[1] x data.image_size)) need about {_bytes_text(needed)}, more than "
-                    f"{100 * HOST_SHARE:.0f}% of the {_bytes_text(available)} of memory available; set data.cache=false "
-                    f"(images are then decoded for each batch), or lower data.image_size or data.resize_range[1]")
+                    f"{100 * HOST_SHARE:.0f}% of the {_bytes_text(available)} of memory available; set "
+                    f"data.cache=false (images are then decoded for each batch), or lower data.image_size or "
+                    f"data.resize_range[1]")
         images = []
         for row in progress_bar(range(len(table)), desc="cache: decoding", unit="image", disable=not progress):
             image = cache_image(table.image(row), size, resize_range, pad)
