@@ -38,8 +38,14 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(PIP) install --quiet --no-compile -e .
 	touch $@
 
+# make test starts python about 170 times (the CLI, the wheel, torchrun) and, with nothing byte-compiled (--no-compile
+# here, PYTHONDONTWRITEBYTECODE on this project's machines), each start compiles torch and timm again: compiling the
+# environment once, on every core, takes half a minute and saves 2 to 8 minutes of make test (docs/testing.md).
+# make demo starts python once and keeps --no-compile's faster install. The compile is only a speed-up, so a file it
+# cannot compile (torch ships one in a newer Python's syntax, never imported here) does not stop make test.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install --quiet --no-compile -e '.[dev]'
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	touch $@
 
 install: $(VENV)/.installed
