@@ -378,14 +378,23 @@ def test_metrics_are_the_same_with_every_engine(engine):
             == retrieval_metrics(q, ql, gx, gl, nmi=False, engine=engine))
 
 
-@pytest.mark.parametrize(("vendor", "mkl", "expected"), [
-    ("AuthenticAMD", True, "numpy"), ("GenuineIntel", True, "torch"), ("", True, "torch"),
-    ("AuthenticAMD", False, "torch")])
-def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, vendor, mkl, expected):
+@pytest.mark.parametrize(("vendor", "family", "model", "mkl", "expected"), [
+    ("AuthenticAMD", "26", "2", True, "numpy"),  # Zen 5, measured
+    ("AuthenticAMD", "25", "1", True, "numpy"),  # Zen 3, measured
+    ("AuthenticAMD", "23", "49", True, "numpy"),  # Zen 2 (model 0x31): full-width AVX2, as Zen 3
+    ("AuthenticAMD", "23", "1", True, "torch"),  # Zen 1, measured: MKL's products the faster
+    ("AuthenticAMD", "23", "8", True, "torch"),  # Zen+
+    ("HygonGenuine", "24", "0", True, "torch"),  # Dhyana, a Zen 1 core
+    ("AuthenticAMD", "", "", True, "numpy"),  # no family or model given
+    ("GenuineIntel", "6", "85", True, "torch"), ("", "", "", True, "torch"),
+    ("AuthenticAMD", "25", "1", False, "torch")])
+def test_auto_engine_avoids_mkl_products_on_cpus_not_made_by_intel(monkeypatch, vendor, family, model, mkl,
+                                                                     expected):
     import importlib
 
     knn_module = importlib.import_module("deepmetric.evaluation.knn")
-    monkeypatch.setattr(knn_module, "cpu_info", lambda field: vendor)
+    fields = {"vendor_id": vendor, "cpu family": family, "model": model}
+    monkeypatch.setattr(knn_module, "cpu_info", lambda field: fields.get(field, ""))
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert knn_module.resolve_engine("auto") == expected

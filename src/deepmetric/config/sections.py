@@ -208,9 +208,9 @@ class EvalConfig:
     nmi: bool = True
     engine: str = "auto"
     """kNN engine (KNN_ENGINES): torch, numpy (torch with numpy's BLAS products), faiss or cuda (torch on the GPU);
-    auto is cuda where torch sees a CUDA device, else numpy on CPUs where torch's MKL is slow (not made by Intel),
-    torch otherwise. All exact (they may order neighbours whose similarities differ by a float rounding error
-    differently)."""
+    auto is cuda where torch sees a CUDA device, else numpy on CPUs where torch's MKL is slow (not made by Intel,
+    except AMD's first Zen cores), torch otherwise. All exact (they may order neighbours whose similarities differ
+    by a float rounding error differently)."""
     baseline: bool = False
     """Before training, evaluate the untrained backbone's pooled features on the test split."""
     report: bool = True

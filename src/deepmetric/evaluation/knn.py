@@ -17,7 +17,8 @@ Four engines:
 - ``numpy``: the same, with the block's product by numpy's BLAS (OpenBLAS in numpy's wheels). torch's CPU
   wheels multiply with MKL, which takes a slow path on CPUs not made by Intel: on an AMD EPYC, numpy's
   product is 1.5 to 2 times as fast and the numpy engine's kNN takes 1.29 times the bare products
-  (docs/benchmarks/evaluation.md). ``auto`` picks numpy there and torch otherwise;
+  (docs/benchmarks/evaluation.md). ``auto`` picks numpy there and torch otherwise, including on the first
+  generation of AMD's Zen cores, where MKL's products were the faster (``products_engine``);
 - ``faiss`` (when installed): faiss' exact inner-product search proposes ``k + margin`` candidates, whose
   similarities are recomputed with torch and sorted by the rule above; a row whose candidates might not
   contain the true top-k (ties reaching the end of the candidate list) is recomputed by the torch engine.
@@ -55,12 +56,27 @@ def faiss_available() -> bool:
     return True
 
 
+def executes_avx_at_half_width() -> bool:
+    """Whether this is a first-generation Zen core (AMD family 23 before model 0x30: Zen and Zen+; Hygon's
+    Dhyana, family 24, is the same core), which splits each 256-bit AVX2 operation into two 128-bit halves.
+    There MKL's path for CPUs not made by Intel loses nothing by its narrower kernels: on 2 cores of an EPYC of
+    family 23, model 1, torch's products of an SOP-sized set took 67.6 s, OpenBLAS' 78.5 s
+    (docs/benchmarks/evaluation.md). Zen 2 (family 23 from model 0x30) and later execute 256 bits at once, as the
+    measured families 25 and 26 do, and OpenBLAS' products are the faster there."""
+    try:
+        family, model = int(cpu_info("cpu family")), int(cpu_info("model"))
+    except ValueError:  # no such fields (other systems, ARM CPUs)
+        return False
+    return (family == 23 and model < 0x30) or (family == 24 and cpu_info("vendor_id") == "HygonGenuine")
+
+
 def products_engine() -> str:
     """The engine whose matrix products are the faster here: numpy's BLAS where torch multiplies with MKL on an
-    x86 CPU not made by Intel (MKL's slow path there), torch's otherwise (including where the vendor is
-    unknown)."""
+    x86 CPU not made by Intel (MKL's slow path there) whose cores execute AVX2 at full width, torch's otherwise
+    (Intel, first-generation Zen, an unknown vendor)."""
     vendor = cpu_info("vendor_id")
-    return "numpy" if torch.backends.mkl.is_available() and vendor not in ("", "GenuineIntel") else "torch"
+    mkl_slow_path = torch.backends.mkl.is_available() and vendor not in ("", "GenuineIntel")
+    return "numpy" if mkl_slow_path and not executes_avx_at_half_width() else "torch"
 
 
 def resolve_engine(engine: str) -> str:
