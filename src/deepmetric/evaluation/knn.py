@@ -59,7 +59,7 @@ def faiss_available() -> bool:
 def executes_avx_at_half_width() -> bool:
     """Whether this is a first-generation Zen core (AMD family 23 before model 0x30: Zen and Zen+; Hygon's
     Dhyana, family 24, is the same core), which splits each 256-bit AVX2 operation into two 128-bit halves.
-    There MKL's path for CPUs not made by Intel loses nothing by its narrower kernels: on 2 cores of an EPYC of
+    There MKL's generic path for CPUs not made by Intel loses little by its narrower kernels: on 2 cores of an EPYC of
     family 23, model 1, torch's products of an SOP-sized set took 67.6 s, OpenBLAS' 78.5 s
     (docs/benchmarks/evaluation.md). Zen 2 (family 23 from model 0x30) and later execute 256 bits at once, as the
     measured families 25 and 26 do, and OpenBLAS' products are the faster there."""
