@@ -84,7 +84,7 @@ demo-glyphs: install system-packages
 	$(BIN)/deepmetric train --config configs/demo-glyphs.yaml --out $(DEMO_RUN)-glyphs
 
 # the suite in two processes (pytest-xdist): 29 % less time on 2 cores of an AMD EPYC of family 23 (docs/testing.md);
-# PYTEST_WORKERS=0 runs it in this one
+# make test PYTEST_WORKERS=0 runs it in one process
 PYTEST_WORKERS ?= 2
 test: install-dev system-packages
 	$(BIN)/ruff check src tests benchmarks tools

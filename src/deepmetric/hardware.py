@@ -1,5 +1,5 @@
-"""What the machine is: fields of /proc/cpuinfo (the kNN picks its BLAS by the CPU's vendor; benchmarks record
-the CPU's model)."""
+"""What the machine is: fields of /proc/cpuinfo (the kNN picks its BLAS by the CPU's vendor, family and model;
+benchmarks record the CPU's model)."""
 
 from __future__ import annotations
 
