@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepmetric.provenance import environment as provenance
+
+T = TypeVar("T")
 
 
 def environment(device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -61,3 +63,10 @@ def per_row_ms(fn: Callable[[], Any], rows: int, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times) / rows
+
+
+def rotated(items: Sequence[T], turn: int) -> list[T]:
+    """``items`` started ``turn`` places further along: round ``turn``'s order of a benchmark's set-ups, so that over
+    its rounds none always runs first or last (drift over a run, and a process's start, then weigh on each alike)."""
+    shift = turn % len(items)
+    return list(items[shift:]) + list(items[:shift])

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _results import environment, timed, write_result
+from _results import environment, rotated, timed, write_result
 
 import deepmetric.training.trainer as trainer
 from deepmetric.config import build_config
@@ -189,8 +189,7 @@ def main() -> None:
     by_round: dict[str, list[list[float]]] = {name: [] for name, _, _ in setups}  # each round's windows
     with tempfile.TemporaryDirectory() as root:
         for turn in range(args.rounds):
-            shift = turn % len(setups)
-            for name, loader, workers in setups[shift:] + setups[:shift]:
+            for name, loader, workers in rotated(setups, turn):
                 by_round[name].append(measure(args, name, loader, workers, Path(root)))
     round_medians = {name: [statistics.median(windows) for windows in rounds] for name, rounds in by_round.items()}
     rows = []

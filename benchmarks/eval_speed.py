@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import deepmetric  # noqa: F401  (before numpy, as in the CLI: deepmetric sets OpenBLAS idle-thread timeout)
 import numpy as np
+from _results import environment, rotated, write_result
 
 PHASES = ("matmul-torch", "matmul-numpy", "knn-torch", "knn-numpy", "knn-faiss", "kmeans", "ours-torch",
           "ours-numpy", "ours-faiss", "pml", "pml-k1000")
@@ -73,16 +75,19 @@ RECALL_AT = (1, 10, 100, 1000)
 
 def bare_products(x, block: int, engine: str = "torch", device: str = "cpu", sync_each: bool = True) -> None:
     """The similarity products of ``x`` with itself, block by block, with nothing kept (the hardware bound of the
-    kNN): by numpy's BLAS for ``engine="numpy"``, else by torch's on ``device``, in full float32; ``sync_each``
+    kNN): by numpy's BLAS for ``engine="numpy"``, else by torch's on ``device``, in full float32, on the CPU into one
+    block's memory reused (``similarities(out=)``, as the kNN does since 2026-12-02); ``sync_each``
     reads a value of each block, which waits for a GPU's block as the kNN's loop does."""
     import torch
 
-    from deepmetric.evaluation.knn import full_float32_products, similarities
+    from deepmetric.evaluation.knn import block_buffer, full_float32_products, similarities
 
     on = x.to(device)
+    buffer = block_buffer(min(block, len(x)), len(x), on.dtype) if on.device.type == "cpu" else None
     with full_float32_products():
         for s in range(0, len(x), block):
-            sims = similarities(on[s:s + block], on, engine)
+            rows = on[s:s + block]
+            sims = similarities(rows, on, engine, None if buffer is None else buffer[:len(rows)])
             if sync_each:
                 float(sims[:, 0].sum())
     if not sync_each and on.device.type == "cuda":
@@ -151,6 +156,34 @@ def run_phase(phase: str, n: int, classes: int, dim: int, noise: float, nmi: boo
     return {"phase": phase, "seconds": seconds, "peak_rss_mb": peak_mb, "metrics": result}
 
 
+def summary(measured: list[dict]) -> dict:
+    """A phase's row over its rounds: the median seconds, each round's seconds, the highest peak RSS, its metrics
+    (the same set every round)."""
+    return {"phase": measured[0]["phase"], "seconds": statistics.median(m["seconds"] for m in measured),
+            "round_seconds": [m["seconds"] for m in measured],
+            "peak_rss_mb": max(m["peak_rss_mb"] for m in measured), "metrics": measured[-1]["metrics"]}
+
+
+def add_ratios(rows: dict[str, dict], rounds: int) -> None:
+    """Each row's ratios: to the faster bare products (the CPU's, or the GPU's for a GPU phase) by the medians, and
+    the median over the rounds of its ratio to the faster bare products of the same round (a pairing that drift over
+    the run does not move); and PML's time over its own."""
+    def bound(cuda: bool, turn: int | None) -> float | None:
+        bare = [row["seconds"] if turn is None else row["round_seconds"][turn] for phase, row in rows.items()
+                if phase.startswith("matmul-") and (phase in CUDA_PHASES) == cuda]
+        return min(bare) if bare else None
+
+    pml = rows.get("pml", {}).get("seconds")
+    for phase, row in rows.items():
+        cuda = phase in CUDA_PHASES
+        base = bound(cuda, None)
+        row["ratio_to_bare_products"] = row["seconds"] / base if base else None
+        paired = [row["round_seconds"][t] / bound(cuda, t) for t in range(rounds) if bound(cuda, t)]
+        row["round_ratios"] = paired
+        row["median_round_ratio"] = statistics.median(paired) if paired else None
+        row["pml_over_this"] = pml / row["seconds"] if pml else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=60502)
@@ -162,39 +195,43 @@ def main() -> None:
     parser.add_argument("--cuda", action="store_true", help="add the GPU phases (" + ", ".join(CUDA_PHASES) + ")")
     parser.add_argument("--phase", choices=PHASES + CHECK_PHASES + CUDA_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the phases this many times in turn, round r starting r places further along")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "eval_speed.json"))
     args = parser.parse_args()
     if args.phase:
         print(json.dumps(run_phase(args.phase, args.n, args.classes, args.dim, args.noise, args.nmi)))
         return
-    rows = {}
-    for phase in args.phases.split(",") + (list(CUDA_PHASES) if args.cuda else []):
-        command = [sys.executable, __file__, "--phase", phase, "--n", str(args.n), "--classes", str(args.classes),
-                   "--dim", str(args.dim), "--noise", str(args.noise)] + (["--nmi"] if args.nmi else [])
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        rows[phase] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{phase:<12}{rows[phase]['seconds']:>10.1f} s {rows[phase]['peak_rss_mb']:>10.0f} MB", flush=True)
-    bare = [row["seconds"] for phase, row in rows.items() if phase.startswith("matmul-") and phase not in CUDA_PHASES]
-    bases = {"cpu": min(bare) if bare else None, "cuda": rows.get("matmul-cuda", {}).get("seconds")}
-    pml = rows.get("pml", {}).get("seconds")
-    print(f"\n{'phase':<12}{'seconds':>10}{'x bare':>10}{'PML / this':>12}{'peak MB':>10}"
-          + ("  (GPU phases: x the GPU's bare products)" if bases["cuda"] else ""))
+    phases = args.phases.split(",") + (list(CUDA_PHASES) if args.cuda else [])
+    runs: dict[str, list[dict]] = {phase: [] for phase in phases}
+    for turn in range(args.rounds):
+        for phase in rotated(phases, turn):
+            command = [sys.executable, __file__, "--phase", phase, "--n", str(args.n), "--classes", str(args.classes),
+                       "--dim", str(args.dim), "--noise", str(args.noise)] + (["--nmi"] if args.nmi else [])
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            measured = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[phase].append(measured)
+            print(("" if args.rounds == 1 else f"round {turn + 1}  ")
+                  + f"{phase:<12}{measured['seconds']:>10.1f} s {measured['peak_rss_mb']:>10.0f} MB", flush=True)
+    rows = {phase: summary(measured) for phase, measured in runs.items()}
+    add_ratios(rows, args.rounds)
+    by_round = args.rounds > 1
+    print(f"\n{'phase':<12}{'seconds':>10}{'x bare':>10}" + (f"{'by round':>10}" if by_round else "")
+          + f"{'PML / this':>12}{'peak MB':>10}"
+          + ("  (GPU phases: x the GPU's bare products)" if any(p in CUDA_PHASES for p in rows) else ""))
     for phase, row in rows.items():
-        base = bases["cuda" if phase in CUDA_PHASES else "cpu"]
-        row["ratio_to_bare_products"] = row["seconds"] / base if base else None
-        row["pml_over_this"] = pml / row["seconds"] if pml else None
-        ratio = f"{row['ratio_to_bare_products']:.2f}" if base else "-"
-        speedup = f"{row['pml_over_this']:.2f}" if pml else "-"
-        print(f"{phase:<12}{row['seconds']:>10.1f}{ratio:>10}{speedup:>12}{row['peak_rss_mb']:>10.0f}")
+        ratio = "-" if row["ratio_to_bare_products"] is None else f"{row['ratio_to_bare_products']:.2f}"
+        paired = "-" if row["median_round_ratio"] is None else f"{row['median_round_ratio']:.2f}"
+        speedup = "-" if row["pml_over_this"] is None else f"{row['pml_over_this']:.2f}"
+        print(f"{phase:<12}{row['seconds']:>10.1f}{ratio:>10}" + (f"{paired:>10}" if by_round else "")
+              + f"{speedup:>12}{row['peak_rss_mb']:>10.0f}")
     for phase, row in rows.items():
         if row["metrics"]:
             print(f"{phase:<14}" + "  ".join(f"{key} {value:.5f}" for key, value in row["metrics"].items()))
-    from _results import environment, write_result
-
     from deepmetric.evaluation.knn import resolve_engine
 
     write_result(args.out, {"benchmark": "eval_speed", "n": args.n, "classes": args.classes, "dim": args.dim,
-                            "noise": args.noise, "nmi": args.nmi,
+                            "noise": args.noise, "nmi": args.nmi, "rounds": args.rounds,
                             "auto_engine": resolve_engine("auto"), **environment("cuda" if args.cuda else "cpu"),
                             "phases": rows})
 

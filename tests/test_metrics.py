@@ -193,6 +193,30 @@ def test_blocked_knn_equals_brute_force_up_to_float32_rounding():
         assert torch.allclose(exact.gather(1, idx), true_top, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("engine", ["torch", "numpy"])
+def test_the_cpu_engines_write_every_block_into_one_buffer_and_return_nothing_of_it(engine, monkeypatch):
+    """One block's memory serves every block (the last, shorter one its first rows), and the neighbours are those of
+    products into new memory block by block: no block's results are overwritten by the next's."""
+    from deepmetric.evaluation import knn as knn_module
+
+    x = torch.nn.functional.normalize(torch.randn(301, 12, generator=torch.Generator().manual_seed(4)), dim=1)
+    own = torch.arange(301)
+    block = knn_module.block_rows_for(301, 0.05)
+    assert 301 % block  # a shorter last block
+    fresh = [knn_module._product_block(x[s:s + block], x, 10, own[s:s + block], engine)
+             for s in range(0, 301, block)]
+    written = []
+    real = knn_module.similarities
+    monkeypatch.setattr(knn_module, "similarities",
+                        lambda q, g, engine="torch", out=None: written.append(out) or real(q, g, engine, out))
+    values, indices = knn(x, x, 10, own, memory_mb=0.05, engine=engine)
+    assert len(written) == len(fresh) and all(out is not None for out in written)
+    assert {out.data_ptr() for out in written} == {written[0].data_ptr()}
+    assert [len(out) for out in written] == [block] * (len(fresh) - 1) + [301 % block]
+    assert torch.equal(values, torch.cat([v for v, _ in fresh]))
+    assert torch.equal(indices, torch.cat([i for _, i in fresh]))
+
+
 def random_with_ties(n=400, dim=16, classes=25, duplicates=60, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, dim)).astype(np.float32)
@@ -423,8 +447,8 @@ def test_each_engine_multiplies_with_what_it_names(monkeypatch):
     used = []
     real_searcher, real_similarities = knn_module._FaissSearcher, knn_module.similarities
     monkeypatch.setattr(knn_module, "_FaissSearcher", lambda gallery: used.append("faiss") or real_searcher(gallery))
-    monkeypatch.setattr(knn_module, "similarities", lambda q, g, *engine: used.append(engine) or real_similarities(
-        q, g, *engine))
+    monkeypatch.setattr(knn_module, "similarities", lambda q, g, *rest: used.append(rest[:1]) or real_similarities(
+        q, g, *rest))
     for engine in ("torch", "numpy") + (("faiss",) if knn_module.faiss_available() else ()):
         used.clear()
         knn(x, x, 3, engine=engine)

@@ -102,11 +102,26 @@ def full_float32_products() -> Iterator[None]:
         torch.set_float32_matmul_precision(chosen)
 
 
-def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch") -> torch.Tensor:
-    """``query @ gallery.T`` (float32) by torch's product (on the tensors' device) or numpy's BLAS (CPU)."""
+def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch",
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``query @ gallery.T`` (float32) by torch's product (on the tensors' device) or numpy's BLAS (CPU); into
+    ``out`` (a contiguous float32 (len(query), len(gallery)) tensor, outside autograd) when given: a block's
+    similarities written where the previous block's were, instead of into new memory, whose first touch costs
+    about a fifth of the product on a CPU (docs/benchmarks/evaluation.md)."""
+    if out is not None:
+        if engine == "numpy":
+            np.matmul(query.detach().numpy(), gallery.detach().numpy().T, out=out.numpy())
+            return out
+        return torch.mm(query.detach(), gallery.detach().t(), out=out)
     if engine == "numpy":
         return torch.from_numpy(query.detach().numpy() @ gallery.detach().numpy().T)
     return query @ gallery.t()
+
+
+def block_buffer(rows: int, n_gallery: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """One block's similarities on the host, reused by every block of a CPU engine's loop (``similarities(out=)``);
+    the last, shorter block takes its first rows."""
+    return torch.empty(rows, n_gallery, dtype=dtype)
 
 
 def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
@@ -122,15 +137,16 @@ fewer, larger blocks keep a GPU busy. On an H200 at SOP scale (60,502 x 512, k =
 
 
 def _product_block(query: torch.Tensor, gallery: torch.Tensor, k: int, own: torch.Tensor | None,
-                   engine: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-    """One block of the torch or numpy engine: the similarities, the query's own row removed, the top-k."""
-    return topk_stable(_masked_similarities(query, gallery, own, engine), k)
+                   engine: str = "torch", out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of the torch or numpy engine: the similarities (into ``out`` when given), the query's own row
+    removed, the top-k (new tensors: nothing returned refers to ``out``)."""
+    return topk_stable(_masked_similarities(query, gallery, own, engine, out), k)
 
 
 def _masked_similarities(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor | None,
-                         engine: str = "torch") -> torch.Tensor:
+                         engine: str = "torch", out: torch.Tensor | None = None) -> torch.Tensor:
     """A block's similarities with each query's own gallery row (``own``, -1 for none) at -inf."""
-    sims = similarities(query, gallery, engine)
+    sims = similarities(query, gallery, engine, out)
     if own is not None:  # a scatter, not an index of the rows with one: no synchronisation with a GPU
         column = own.clamp_min(0)[:, None]
         sims.scatter_(1, column, torch.where(own[:, None] >= 0, float("-inf"), sims.gather(1, column)))
@@ -272,15 +288,17 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
         yield from _queued_blocks(query, gallery, k, self_index, block, device)
         return
     block = block_rows_for(gallery.shape[0], memory_mb)
-    searcher = _FaissSearcher(gallery) if engine == "faiss" else None
-    for start in range(0, query.shape[0], block):
-        q = query[start:start + block]
-        own = None if self_index is None else self_index[start:start + block]
-        if searcher:
-            values, indices = searcher.block(q, k, own)
-        else:
-            with full_float32_products():
-                values, indices = _product_block(q, gallery, k, own, engine)
+    blocks = ((start, query[start:start + block], None if self_index is None else self_index[start:start + block])
+              for start in range(0, query.shape[0], block))
+    if engine == "faiss":
+        searcher = _FaissSearcher(gallery)
+        for start, q, own in blocks:
+            yield start, *searcher.block(q, k, own)
+        return
+    buffer = block_buffer(min(block, query.shape[0]), gallery.shape[0], query.dtype)
+    for start, q, own in blocks:
+        with full_float32_products():
+            values, indices = _product_block(q, gallery, k, own, engine, buffer[:len(q)])
         yield start, values, indices
 
 
