@@ -26,9 +26,13 @@ process (so that its peak resident memory is its own) on that same set, one afte
   the clock).
 
     .venv/bin/python benchmarks/eval_speed.py [--n 60502] [--classes 11316] [--dim 512] [--noise 2.2] [--nmi] [--cuda]
+        [--phases knn-torch,...] [--rounds 1]
 
 Prints a table and writes benchmarks/results/eval_speed.json (times in seconds, ratios to the faster bare
-products and to PML, peak RSS in MB).
+products and to PML, peak RSS in MB). With ``--rounds R`` the phases run R times in turn, round r starting r places
+further along their list; each phase's figure is its median over the rounds, and beside it ("by round") the median
+over the rounds of its ratio to the faster bare products of the same round, a pairing that drift over the run
+(seen on a machine whose speed moved by a fifth within minutes) does not move.
 """
 
 # ruff: noqa: I001  (deepmetric is imported before numpy on purpose)

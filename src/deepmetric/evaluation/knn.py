@@ -2,13 +2,12 @@
 
 Memory is bounded by ``block_rows x n_gallery`` similarities at a time (about ``memory_mb``), so an
 SOP-sized set (60,502 x 60,502) never materialises its full similarity matrix; the CPU engines write every block
-into one buffer (``block_buffer``). Neighbours are ordered
-by decreasing similarity and, among exactly equal similarities, by increasing gallery index, and a query's
-own gallery row (``self_index``) is removed by index, never by position: the same similarities always give
-the same neighbours. The similarities are float32 products, and their last bit depends on the product
-kernel (BLAS picks different kernels for blocks of a few rows than for large ones, and the faiss engine
-re-scores by another kernel): two set-ups can order neighbours whose similarities differ by a rounding
-error differently, which moves the metrics of an SOP-sized set in about the fifth decimal.
+into one buffer (``block_buffer``). Neighbours are ordered by decreasing similarity and, among exactly equal
+similarities, by increasing gallery index, and a query's own gallery row (``self_index``) is removed by index, never
+by position: the same similarities always give the same neighbours. The similarities are float32 products, and their
+last bit depends on the product kernel (BLAS picks different kernels for blocks of a few rows than for large ones,
+and the faiss engine re-scores by another kernel): two set-ups can order neighbours whose similarities differ by a
+rounding error differently, which moves the metrics of an SOP-sized set in about the fifth decimal.
 
 Four engines:
 
@@ -108,8 +107,8 @@ def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torc
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """``query @ gallery.T`` (float32) by torch's product (on the tensors' device) or numpy's BLAS (CPU); into
     ``out`` (a contiguous float32 (len(query), len(gallery)) tensor, outside autograd) when given: a block's
-    similarities written where the previous block's were, instead of into new memory, whose first touch costs
-    about a fifth of the product on a CPU (docs/benchmarks/evaluation.md)."""
+    similarities written where the previous block's were, instead of into new memory, whose first touch cost about a
+    fifth of torch's product on an Intel Xeon (docs/benchmarks/evaluation.md)."""
     if out is not None:
         if engine == "numpy":
             np.matmul(query.detach().numpy(), gallery.detach().numpy().T, out=out.numpy())
