@@ -106,9 +106,9 @@ def full_float32_products() -> Iterator[None]:
 def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torch",
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """``query @ gallery.T`` (float32) by torch's product (on the tensors' device) or numpy's BLAS (CPU); into
-    ``out`` (a contiguous float32 (len(query), len(gallery)) tensor, outside autograd) when given: a block's
-    similarities written where the previous block's were, instead of into new memory, whose first touch cost about a
-    fifth of torch's product on an Intel Xeon (docs/benchmarks/evaluation.md)."""
+    ``out`` (a contiguous (len(query), len(gallery)) tensor of the products' dtype, outside autograd) when given:
+    a block's similarities written where the previous block's were, instead of into new memory, whose first touch
+    cost about a fifth of torch's product on an Intel Xeon (docs/benchmarks/evaluation.md)."""
     if out is not None:
         if engine == "numpy":
             np.matmul(query.detach().numpy(), gallery.detach().numpy().T, out=out.numpy())
