@@ -80,20 +80,16 @@ RECALL_AT = (1, 10, 100, 1000)
 def bare_products(x, block: int, engine: str = "torch", device: str = "cpu", sync_each: bool = True) -> None:
     """The similarity products of ``x`` with itself, block by block, with nothing kept (the hardware bound of the
     kNN): by numpy's BLAS for ``engine="numpy"``, else by torch's on ``device``, in full float32, on the CPU into one
-    block's memory reused (``similarities(out=)``, as the kNN does since 2026-12-02); ``sync_each``
+    block's memory reused (``similarity_blocks``, the kNN's loop, since 2026-12-02); ``sync_each``
     reads a value of each block, which waits for a GPU's block as the kNN's loop does."""
     import torch
 
-    from deepmetric.evaluation.knn import block_buffer, full_float32_products, similarities
+    from deepmetric.evaluation.knn import similarity_blocks
 
     on = x.to(device)
-    buffer = block_buffer(min(block, len(x)), len(x), on.dtype) if on.device.type == "cpu" else None
-    with full_float32_products():
-        for s in range(0, len(x), block):
-            rows = on[s:s + block]
-            sims = similarities(rows, on, engine, None if buffer is None else buffer[:len(rows)])
-            if sync_each:
-                float(sims[:, 0].sum())
+    for _, sims in similarity_blocks(on, on, block, engine):
+        if sync_each:
+            float(sims[:, 0].sum())
     if not sync_each and on.device.type == "cuda":
         torch.cuda.synchronize(on.device)
 
@@ -180,9 +176,9 @@ def add_ratios(rows: dict[str, dict], rounds: int) -> None:
     pml = rows.get("pml", {}).get("seconds")
     for phase, row in rows.items():
         cuda = phase in CUDA_PHASES
-        base = bound(cuda, None)
+        base, by_round = bound(cuda, None), [bound(cuda, turn) for turn in range(rounds)]
         row["ratio_to_bare_products"] = row["seconds"] / base if base else None
-        paired = [row["round_seconds"][t] / bound(cuda, t) for t in range(rounds) if bound(cuda, t)]
+        paired = [seconds / b for seconds, b in zip(row["round_seconds"], by_round, strict=True) if b]
         row["round_ratios"] = paired
         row["median_round_ratio"] = statistics.median(paired) if paired else None
         row["pml_over_this"] = pml / row["seconds"] if pml else None

@@ -5,7 +5,7 @@ in one process, four ways in turn for ``--rounds`` rounds (round r starting r pl
 
 - ``knn, new memory``: our kNN (k = 1000, self removed) as it was before 2026-12-02, each block's product into a new
   tensor (89 MB, whose pages the kernel maps on first touch);
-- ``knn, one buffer``: our kNN as it is (``similarities(out=)`` into ``block_buffer``);
+- ``knn, one buffer``: our kNN as it is (``similarity_blocks``: ``similarities(out=)`` into one buffer);
 - ``bare, new memory`` / ``bare, one buffer``: the same blocks' products alone, the same two ways.
 
 Each figure is the median over the rounds, beside the median of the paired ratios (one buffer over new memory, and
@@ -35,30 +35,25 @@ WAYS = ("knn, new memory", "knn, one buffer", "bare, new memory", "bare, one buf
 
 
 def run(way: str, queries: torch.Tensor, gallery: torch.Tensor, block: int, engine: str) -> float:
-    """Seconds of one way over the blocks of ``queries``."""
-    reuse = way.endswith("one buffer")
-    own = torch.arange(len(queries))
-    real_product_block = knn_module._product_block
+    """Seconds of one way over the blocks of ``queries``: the new-memory ways are today's loops with
+    ``similarities`` told to ignore the buffer it is given."""
+    real_similarities = knn_module.similarities
 
-    def into_new_memory(query, gallery_, k, own_, engine_="torch", out=None):
-        return real_product_block(query, gallery_, k, own_, engine_, None)
+    def into_new_memory(query, gallery_, engine_="torch", out=None):
+        return real_similarities(query, gallery_, engine_)
 
-    start = time.perf_counter()
-    if way.startswith("knn"):
-        knn_module._product_block = real_product_block if reuse else into_new_memory
-        try:
-            for _ in knn_module.iter_knn(queries, gallery, 1000, own, engine=engine):
+    knn_module.similarities = real_similarities if way.endswith("one buffer") else into_new_memory
+    try:
+        start = time.perf_counter()
+        if way.startswith("knn"):
+            for _ in knn_module.iter_knn(queries, gallery, 1000, torch.arange(len(queries)), engine=engine):
                 pass
-        finally:
-            knn_module._product_block = real_product_block
-    else:
-        buffer = knn_module.block_buffer(block, len(gallery)) if reuse else None
-        with knn_module.full_float32_products():
-            for s in range(0, len(queries), block):
-                rows = queries[s:s + block]
-                sims = knn_module.similarities(rows, gallery, engine, None if buffer is None else buffer[:len(rows)])
+        else:
+            for _, sims in knn_module.similarity_blocks(queries, gallery, block, engine):
                 float(sims[:, 0].sum())
-    return time.perf_counter() - start
+        return time.perf_counter() - start
+    finally:
+        knn_module.similarities = real_similarities
 
 
 def main() -> None:

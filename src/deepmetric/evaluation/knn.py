@@ -2,7 +2,7 @@
 
 Memory is bounded by ``block_rows x n_gallery`` similarities at a time (about ``memory_mb``), so an
 SOP-sized set (60,502 x 60,502) never materialises its full similarity matrix; the CPU engines write every block
-into one buffer (``block_buffer``). Neighbours are ordered by decreasing similarity and, among exactly equal
+into one buffer (``similarity_blocks``). Neighbours are ordered by decreasing similarity and, among exactly equal
 similarities, by increasing gallery index, and a query's own gallery row (``self_index``) is removed by index, never
 by position: the same similarities always give the same neighbours. The similarities are float32 products, and their
 last bit depends on the product kernel (BLAS picks different kernels for blocks of a few rows than for large ones,
@@ -119,10 +119,19 @@ def similarities(query: torch.Tensor, gallery: torch.Tensor, engine: str = "torc
     return query @ gallery.t()
 
 
-def block_buffer(rows: int, n_gallery: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """One block's similarities on the host, reused by every block of a CPU engine's loop (``similarities(out=)``);
-    the last, shorter block takes its first rows."""
-    return torch.empty(rows, n_gallery, dtype=dtype)
+def similarity_blocks(query: torch.Tensor, gallery: torch.Tensor, block: int,
+                      engine: str = "torch") -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first row, similarities of query[first:first + block] to gallery)`` block by block, in full float32. On
+    the host every block is written into one buffer (``similarities(out=)``; the last, shorter block into its first
+    rows), so a block is valid only until the next is asked for; on a GPU, whose allocator reuses its own memory,
+    each block is a new tensor."""
+    on_host = gallery.device.type == "cpu"
+    buffer = torch.empty(min(block, len(query)), len(gallery), dtype=query.dtype) if on_host else None
+    for start in range(0, len(query), block):
+        rows = query[start:start + block]
+        with full_float32_products():
+            sims = similarities(rows, gallery, engine, None if buffer is None else buffer[:len(rows)])
+        yield start, sims
 
 
 def block_rows_for(n_gallery: int, memory_mb: float = 256.0) -> int:
@@ -138,16 +147,19 @@ fewer, larger blocks keep a GPU busy. On an H200 at SOP scale (60,502 x 512, k =
 
 
 def _product_block(query: torch.Tensor, gallery: torch.Tensor, k: int, own: torch.Tensor | None,
-                   engine: str = "torch", out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block of the torch or numpy engine: the similarities (into ``out`` when given), the query's own row
-    removed, the top-k (new tensors: nothing returned refers to ``out``)."""
-    return topk_stable(_masked_similarities(query, gallery, own, engine, out), k)
+                   engine: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of the torch or numpy engine: the similarities, the query's own row removed, the top-k."""
+    return topk_stable(_masked_similarities(query, gallery, own, engine), k)
 
 
 def _masked_similarities(query: torch.Tensor, gallery: torch.Tensor, own: torch.Tensor | None,
-                         engine: str = "torch", out: torch.Tensor | None = None) -> torch.Tensor:
+                         engine: str = "torch") -> torch.Tensor:
     """A block's similarities with each query's own gallery row (``own``, -1 for none) at -inf."""
-    sims = similarities(query, gallery, engine, out)
+    return _without_own_rows(similarities(query, gallery, engine), own)
+
+
+def _without_own_rows(sims: torch.Tensor, own: torch.Tensor | None) -> torch.Tensor:
+    """``sims`` with each query's own gallery row (``own``, -1 for none) at -inf, in place."""
     if own is not None:  # a scatter, not an index of the rows with one: no synchronisation with a GPU
         column = own.clamp_min(0)[:, None]
         sims.scatter_(1, column, torch.where(own[:, None] >= 0, float("-inf"), sims.gather(1, column)))
@@ -289,18 +301,17 @@ def iter_knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: tor
         yield from _queued_blocks(query, gallery, k, self_index, block, device)
         return
     block = block_rows_for(gallery.shape[0], memory_mb)
-    blocks = ((start, query[start:start + block], None if self_index is None else self_index[start:start + block])
-              for start in range(0, query.shape[0], block))
+
+    def own_rows(start: int) -> torch.Tensor | None:
+        return None if self_index is None else self_index[start:start + block]
+
     if engine == "faiss":
         searcher = _FaissSearcher(gallery)
-        for start, q, own in blocks:
-            yield start, *searcher.block(q, k, own)
+        for start in range(0, query.shape[0], block):
+            yield start, *searcher.block(query[start:start + block], k, own_rows(start))
         return
-    buffer = block_buffer(min(block, query.shape[0]), gallery.shape[0], query.dtype)
-    for start, q, own in blocks:
-        with full_float32_products():
-            values, indices = _product_block(q, gallery, k, own, engine, buffer[:len(q)])
-        yield start, values, indices
+    for start, sims in similarity_blocks(query, gallery, block, engine):  # the top-k's tensors are new: none is sims
+        yield start, *topk_stable(_without_own_rows(sims, own_rows(start)), k)
 
 
 def knn(query: torch.Tensor, gallery: torch.Tensor, k: int, self_index: torch.Tensor | None = None,

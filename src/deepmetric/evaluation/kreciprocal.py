@@ -84,7 +84,7 @@ class NeighbourGraph:
 def neighbour_graph(x: torch.Tensor, k: int, memory_mb: float = 256.0, engine: str = "auto",
                     progress: bool = False) -> NeighbourGraph:
     """N(i, k) of every row of the l2-normalised ``x`` (U, D) among the others, by one blocked pass of products."""
-    from .knn import block_buffer, block_rows_for
+    from .knn import block_rows_for, similarity_blocks
 
     engine = product_engine(engine)
     device = torch.device("cuda", torch.cuda.current_device()) if engine == "cuda" else torch.device("cpu")
@@ -95,14 +95,10 @@ def neighbour_graph(x: torch.Tensor, k: int, memory_mb: float = 256.0, engine: s
     sims = np.empty((n, k), dtype=np.float32)
     row_min = np.empty(n, dtype=np.float64)
     on = x.to(device)
-    block = block_rows_for(n, memory_mb)
-    buffer = block_buffer(min(block, n), n, on.dtype) if device.type == "cpu" else None  # a GPU reuses its own memory
     bar = progress_bar(total=n, desc="re-ranking: neighbourhoods", unit="item",
                        disable=not progress or n * n < SHOWN_FROM)
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        with full_float32_products():
-            s = similarities(on[start:stop], on, engine, None if buffer is None else buffer[:stop - start])
+    for start, s in similarity_blocks(on, on, block_rows_for(n, memory_mb), engine):
+        stop = start + len(s)
         rows = torch.arange(stop - start, device=s.device)
         s[rows, rows + start] = float("inf")
         row_min[start:stop] = s.amin(dim=1).double().cpu().numpy()
