@@ -196,9 +196,11 @@ def test_blocked_knn_equals_brute_force_up_to_float32_rounding():
 @pytest.mark.parametrize("engine", ["torch", "numpy"])
 def test_the_cpu_engines_write_every_block_into_one_buffer_and_return_nothing_of_it(engine, monkeypatch):
     """One block's memory serves every block (the last, shorter one its first rows), and the neighbours are those of
-    products into new memory block by block: no block's results are overwritten by the next's."""
+    products into new memory block by block: no block's results are overwritten by the next's. (The torch engine
+    on one thread; on several, ``test_the_torch_engine_takes_blocks_on_every_thread...``.)"""
     from deepmetric.evaluation import knn as knn_module
 
+    monkeypatch.setattr(knn_module, "knn_workers", lambda: 1)
     x = torch.nn.functional.normalize(torch.randn(301, 12, generator=torch.Generator().manual_seed(4)), dim=1)
     own = torch.arange(301)
     block = knn_module.block_rows_for(301, 0.05)
@@ -215,6 +217,79 @@ def test_the_cpu_engines_write_every_block_into_one_buffer_and_return_nothing_of
     assert [len(out) for out in written] == [block] * (len(fresh) - 1) + [301 % block]
     assert torch.equal(values, torch.cat([v for v, _ in fresh]))
     assert torch.equal(indices, torch.cat([i for _, i in fresh]))
+
+
+def exact_with_ties(n: int, dim: int = 12, seed: int = 5) -> torch.Tensor:
+    """Rows of -1, 0 and 1 halves: every product is a multiple of 1/4 below 2^24 of them, exact in float32 whatever
+    the kernel, its threads or its order of summation, and equal similarities abound (ties, and -0.0 beside 0.0)."""
+    return torch.randint(-1, 2, (n, dim), generator=torch.Generator().manual_seed(seed)).float() / 2
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("self_index", [False, True])
+def test_the_torch_engine_takes_blocks_on_every_thread_and_yields_the_one_threads_neighbours(workers, self_index,
+                                                                                                monkeypatch):
+    """With several threads, each takes whole blocks of ``memory_mb / workers`` (a product and a selection on one
+    thread, into a buffer of its own: block i into buffer i mod workers) and the blocks come back in order, equal
+    bit for bit to the loop on one thread and to a stable sort of the whole matrix, ties ordered by index."""
+    from deepmetric.evaluation import knn as knn_module
+
+    x = exact_with_ties(301)
+    own = torch.arange(301) if self_index else None
+    monkeypatch.setattr(knn_module, "knn_workers", lambda: 1)
+    one_thread = list(knn_module.iter_knn(x, x, 10, own, memory_mb=0.1))
+    written, threads = [], []
+    real = knn_module.similarities
+
+    def recording(q, g, engine="torch", out=None):
+        written.append(out)
+        threads.append((torch.get_num_threads(), knn_module.threading.current_thread().name))
+        return real(q, g, engine, out)
+
+    monkeypatch.setattr(knn_module, "similarities", recording)
+    monkeypatch.setattr(knn_module, "knn_workers", lambda: workers)
+    blocks = list(knn_module.iter_knn(x, x, 10, own, memory_mb=0.1))
+    block = knn_module.block_rows_for(301, 0.1 / workers)
+    assert [start for start, _, _ in blocks] == list(range(0, 301, block)) and len(blocks) > workers
+    assert all(t == 1 and name.startswith("deepmetric-knn") for t, name in threads)
+    pointers = [out.data_ptr() for out in written]
+    assert len(set(pointers)) == workers and all(p == pointers[i % workers] for i, p in enumerate(pointers))
+    values, indices = torch.cat([v for _, v, _ in blocks]), torch.cat([i for _, _, i in blocks])
+    assert torch.equal(values, torch.cat([v for _, v, _ in one_thread]))
+    assert torch.equal(indices, torch.cat([i for _, _, i in one_thread]))
+    sims = x @ x.t()
+    if self_index:
+        sims.fill_diagonal_(float("-inf"))
+    order = torch.sort(sims, dim=1, descending=True, stable=True)
+    assert torch.equal(indices, order.indices[:, :10]) and torch.equal(values, order.values[:, :10])
+
+
+def test_the_threads_kNN_leaves_the_callers_thread_count_and_float32_precision_as_they_were(monkeypatch):
+    """The workers' one thread each is theirs alone: the caller's thread count, the count a thread started after
+    the kNN gets, and the caller's float32 matmul precision are what they were, also when the caller stops reading
+    after the first block (its threads are gone then)."""
+    import threading
+
+    from deepmetric.evaluation import knn as knn_module
+
+    monkeypatch.setattr(knn_module, "knn_workers", lambda: 2)
+    chosen_threads, chosen_precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        x = exact_with_ties(200)
+        blocks = knn_module.iter_knn(x, x, 5, memory_mb=0.05)
+        next(blocks)
+        blocks.close()
+        assert not any(t.name.startswith("deepmetric-knn") for t in threading.enumerate())
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.get_num_threads() == chosen_threads
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [chosen_threads]
+    finally:
+        torch.set_float32_matmul_precision(chosen_precision)
 
 
 def random_with_ties(n=400, dim=16, classes=25, duplicates=60, seed=0):
@@ -733,11 +808,13 @@ def test_faiss_is_available_exactly_when_it_imports(monkeypatch):
     assert faiss_available() is False
 
 
-def test_iter_knn_walks_the_queries_in_blocks_sized_for_the_gallery_and_budget():
-    """The kNN holds one block of queries at a time: ``block_rows_for(gallery rows, memory_mb)`` rows (the gallery's
-    row count, not its width, sets the block)."""
+def test_iter_knn_walks_the_queries_in_blocks_sized_for_the_gallery_and_budget(monkeypatch):
+    """The kNN on one thread holds one block of queries at a time: ``block_rows_for(gallery rows, memory_mb)`` rows
+    (the gallery's row count, not its width, sets the block; on w threads, w blocks of ``memory_mb / w``)."""
+    from deepmetric.evaluation import knn as knn_module
     from deepmetric.evaluation.knn import block_rows_for, iter_knn
 
+    monkeypatch.setattr(knn_module, "knn_workers", lambda: 1)
     x = torch.nn.functional.normalize(torch.randn(300, 4, generator=torch.Generator().manual_seed(0)), dim=1)
     memory_mb = 0.1
     block = block_rows_for(300, memory_mb)
