@@ -92,6 +92,9 @@ def test_the_host_selection_keeps_what_torchs_keeps(levels, k, n):
         sims = (sims * levels).floor() / levels
     sims[torch.arange(48), torch.arange(48) % n] = float("-inf")
     sims[2, 5] = sims[3, n - 1] = float("nan")  # in a group, and among the leftover columns
+    sims[5, 7] = -float("nan")  # x86's own NaN has its sign bit set
+    sims[6, ::3] = -0.0  # equal to 0.0, by index among them
+    sims[6, 1::3] = 0.0
     sims[4, :] = 0.5
     host, device_kind = topk_module.grouped_topk_on_host(sims, k), topk_module.grouped_topk(sims, k)
     assert torch.equal(host[2], device_kind[2]) and host[2].dtype == torch.bool
@@ -99,11 +102,31 @@ def test_the_host_selection_keeps_what_torchs_keeps(levels, k, n):
     if levels is None:  # distinct values: every row but the flat one is vouched for, NaN rows included
         assert sure == [row for row in range(48) if row != 4]
         assert host[0][2, 0].isnan() and host[1][2, 0] == 5 and host[1][3, 0] == n - 1
+    stable = torch.sort(sims.nan_to_num(2.0), dim=1, descending=True, stable=True).indices[:, :k]
     for row in sure:
+        assert torch.equal(host[1][row], stable[row])  # already in topk_stable's order: ties by index
         assert torch.equal(host[0][row].nan_to_num(2.0), device_kind[0][row].nan_to_num(2.0))
         # equal values may come in any order: the same columns, and each column with its own value
         assert sorted(host[1][row].tolist()) == sorted(device_kind[1][row].tolist())
         assert torch.equal(sims[row, host[1][row]].nan_to_num(2.0), host[0][row].nan_to_num(2.0))
+
+
+def test_the_host_selections_keys_order_by_value_then_by_index_and_put_every_nan_first():
+    """``_order_keys``: one sort of the keys, read backwards, is the order of a stable sort by decreasing value, for
+    negatives, both zeros (equal, so by index), infinities, subnormals and NaN of either sign (the largest)."""
+    special = [0.0, -0.0, float("inf"), float("-inf"), 1e-45, -1e-45, 3.4e38, -3.4e38, 0.5, -0.5]
+    rng = np.random.default_rng(3)
+    values = np.concatenate([np.array(special * 3, dtype=np.float32), rng.normal(size=60).astype(np.float32)])
+    values = np.concatenate([values, np.array([np.nan, -np.nan], dtype=np.float32)])
+    assert np.signbit(values[-1]) and not np.signbit(values[-2])
+    rng.shuffle(values)
+    columns = rng.permutation(len(values)).astype(np.int64) * 1000 + 2**31  # columns past 2^31, below 2^32
+    keys = topk_module._order_keys(values[None], columns[None])[0]
+    order = np.argsort(keys)[::-1]
+    expected = sorted(range(len(values)), key=lambda i: (not np.isnan(values[i]),
+                                                          -(0.0 if np.isnan(values[i]) else float(values[i])),
+                                                          columns[i]))
+    assert order.tolist() == expected
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -8,16 +8,19 @@ cannot vouch for are selected over the whole row. The same selection is written 
 - ``grouped_topk`` in torch, for a GPU (it never synchronises with the host: the ``cuda`` engine queues it) and for
   CPUs where numpy selects slowly;
 - ``grouped_topk_on_host`` for CPU tensors where numpy selects with SIMD (``numpy_selects_fast``): the two
-  selections and the sort by numpy (``np.argpartition``, ``np.argsort``), the maxima and the gathers by torch (two
-  threads). On an AMD EPYC (family 26) at SOP's shape (369 rows of 60,502, k = 1000,
-  ``benchmarks/topk_selection.py``) it takes 25 ms a block where torch's takes 42 (0.25 and 0.42 of the block's
-  product): torch's CPU top-k runs ``std::nth_element`` on pairs of value and index, numpy 2's ``argpartition``
-  the vectorised selection of x86-simd-sort (AVX2 or AVX-512). Without those (numpy 1.26, or a CPU without AVX2)
-  numpy's selection is slower than torch's (one ``argpartition`` of the group maxima took 25 ms there, against 4
-  with AVX2 and torch's 11), and CPU tensors stay with ``grouped_topk``.
+  selections and the sort by numpy (``np.argpartition``, and ``np.sort`` of keys that hold each value's order above
+  its column, which orders ties by index in the same sort), the maxima and the gathers by torch. On an AMD EPYC
+  (family 26) at SOP's shape (369 rows of 60,502, k = 1000, ``benchmarks/topk_selection.py``) it took 25 ms a
+  block where torch's takes 42 (0.25 and 0.42 of the block's product): torch's CPU top-k runs
+  ``std::nth_element`` on pairs of value and index, numpy 2's ``argpartition`` the vectorised selection of
+  x86-simd-sort (AVX2 or AVX-512). Without those (numpy 1.26, or a CPU without AVX2) numpy's selection is slower
+  than torch's (one ``argpartition`` of the group maxima took 25 ms there, against 4 with AVX2 and torch's 11),
+  and CPU tensors stay with ``grouped_topk``.
 
-Both give the same neighbours, values and ``unsure`` rows (tested, ``tests/test_metrics.py``); their order among
-exactly equal values may differ, which ``order_ties_by_index`` then settles.
+Both give the same neighbours, values and ``unsure`` rows (tested, ``tests/test_metrics.py``); the host's rows
+come in ``topk_stable``'s order, torch's may hold equal values in another, which ``order_ties_by_index`` then
+settles. On one thread of an Intel Xeon (184 rows a block, as the kNN's threads take them) the keys' sort made the
+host's selection 0.88 of what it took with ``np.argsort`` and ``order_ties_by_index`` (2026-12-03).
 """
 
 from __future__ import annotations
@@ -60,8 +63,13 @@ def topk_stable(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     """
     if too_narrow_to_group(sims.shape[1], k):
         return whole_row_topk(sims, k)
-    select = grouped_topk_on_host if sims.device.type == "cpu" and numpy_selects_fast() else grouped_topk
-    values, indices, unsure = select(sims, k)
+    if sims.device.type == "cpu" and numpy_selects_fast() and sims.shape[1] <= COLUMN_BITS:
+        values, indices, unsure = grouped_topk_on_host(sims, k)  # in order, ties included
+        if unsure.any():
+            rows = unsure.nonzero().squeeze(1)
+            values[rows], indices[rows] = whole_row_topk(sims[rows], k)
+        return values, indices
+    values, indices, unsure = grouped_topk(sims, k)
     if unsure.any():
         rows = unsure.nonzero().squeeze(1)
         values[rows], indices[rows] = _select_whole_rows(sims[rows], k)
@@ -97,25 +105,49 @@ def grouped_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def grouped_topk_on_host(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``grouped_topk`` for a CPU tensor, its two selections and its sort by numpy (the same values, indices and
-    ``unsure`` rows; equal values possibly in another order). Each selection partitions the row in increasing order
-    and keeps its last k + 1 places, the smallest of them first: numpy, like torch's ``topk``, counts NaN as the
-    largest value."""
+    """``grouped_topk`` for a CPU tensor, its two selections and its sort by numpy: the same values, indices and
+    ``unsure`` rows, and each row already in ``topk_stable``'s order, equal values by increasing index.
+
+    Each selection partitions the row in increasing order and keeps its last k + 1 places, the smallest of them
+    first (numpy, like torch's ``topk``, counts NaN as the largest value). The kept groups' members are gathered
+    group by group into one array with the leftover columns (a member's place then gives its column by a shift),
+    and the k + 1 best are put in order by one sort of 64-bit keys (``_order_keys``: the value's order above its
+    column's), which orders ties by index in the same sort (``order_ties_by_index`` is not needed)."""
     sims = sims.detach()
+    b, n = sims.shape
     strided, main = _groups(sims)
     group_max = strided.amax(dim=1)  # (b, w)
-    width = group_max.shape[1]
-    kept = np.argpartition(group_max.numpy(), width - k - 1, axis=1)[:, width - k - 1:]  # (b, k + 1)
+    width, kept_count = group_max.shape[1], k + 1
+    kept = np.argpartition(group_max.numpy(), width - kept_count, axis=1)[:, width - kept_count:]  # (b, k + 1)
     smallest_kept = group_max.gather(1, torch.from_numpy(kept[:, :1]))[:, 0]  # the partition puts it first
-    kept_groups = torch.from_numpy(np.sort(kept, axis=1))  # gathered in increasing column order: 2.6 times faster
-    members = _members(strided, kept_groups)
-    candidates = torch.cat([members, sims[:, main:]], dim=1)
-    last = candidates.shape[1] - k - 1
-    best = torch.from_numpy(np.argpartition(candidates.numpy(), last, axis=1)[:, last:])  # (b, k + 1), no order
-    best_values = candidates.gather(1, best)
-    descending = torch.from_numpy(np.argsort(best_values.numpy(), axis=1)[:, ::-1].copy())
-    values, position = best_values.gather(1, descending), best.gather(1, descending)
-    return _first_k(values, _columns(position, kept_groups, width, main), smallest_kept, k)
+    kept = np.sort(kept, axis=1)  # gathered in increasing column order: faster
+    members = GROUP * kept_count
+    candidates = torch.empty(b, members + n - main, dtype=sims.dtype)  # group by group, then the leftover columns
+    group_major = candidates[:, :members].view(b, kept_count, GROUP)
+    torch.gather(strided.transpose(1, 2), 1, torch.from_numpy(kept)[:, :, None].expand(-1, -1, GROUP), out=group_major)
+    candidates[:, members:] = sims[:, main:]
+    last = candidates.shape[1] - kept_count
+    best = np.argpartition(candidates.numpy(), last, axis=1)[:, last:]  # (b, k + 1) places, in no order
+    values = np.take_along_axis(candidates.numpy(), best, axis=1)
+    group = np.take_along_axis(kept, np.minimum(best // GROUP, kept_count - 1), axis=1)
+    columns = np.where(best >= members, best - members + main, (best % GROUP) * width + group)
+    ordered = torch.from_numpy(np.sort(_order_keys(values, columns), axis=1)[:, ::-1].copy())
+    columns = COLUMN_BITS - (ordered & COLUMN_BITS)
+    return _first_k(sims.gather(1, columns), columns, smallest_kept, k)
+
+
+COLUMN_BITS = 2**32 - 1  # the low half of ``_order_keys``'s keys
+
+
+def _order_keys(values: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """int64 keys whose increasing order is (similarity asc, column desc): the float32 value's bits made an integer
+    of the same order (NaN above +inf; -0.0 as 0.0, which compares equal to it) in the high half, the column's
+    complement in the low half. Columns must be below 2^32."""
+    values = values + np.float32(0.0)  # -0.0 + 0.0 is 0.0
+    bits = values.view(np.int32)
+    order = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64)  # negative floats' bits reversed, as two's complement
+    order[values != values] = 2**31 - 1  # NaN, of either sign
+    return (order << 32) | (COLUMN_BITS - columns)
 
 
 def _groups(sims: torch.Tensor) -> tuple[torch.Tensor, int]:
