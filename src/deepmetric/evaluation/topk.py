@@ -130,8 +130,8 @@ def grouped_topk_on_host(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
     best = np.argpartition(candidates.numpy(), last, axis=1)[:, last:]  # (b, k + 1) places, in no order
     values = np.take_along_axis(candidates.numpy(), best, axis=1)
     group = np.take_along_axis(kept, np.minimum(best // GROUP, kept_count - 1), axis=1)
-    columns = np.where(best >= members, best - members + main, (best % GROUP) * width + group)
-    ordered = torch.from_numpy(np.sort(_order_keys(values, columns), axis=1)[:, ::-1].copy())
+    best_columns = np.where(best >= members, best - members + main, (best % GROUP) * width + group)
+    ordered = torch.from_numpy(np.sort(_order_keys(values, best_columns), axis=1)[:, ::-1].copy())
     columns = COLUMN_BITS - (ordered & COLUMN_BITS)
     return _first_k(sims.gather(1, columns), columns, smallest_kept, k)
 
